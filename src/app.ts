@@ -1,0 +1,50 @@
+/** @module `createApp(deps)`: the Hono app built from injected parts; what tests drive with `app.request()`. */
+
+import { Hono } from "hono";
+import type { BlockCache } from "./cache/block-cache.ts";
+import { CacheServerError } from "./errors.ts";
+import { errorHandler } from "./http/error-handler.ts";
+import { bearerAuth } from "./http/middleware/bearer-auth.ts";
+import { rejectDotSegments } from "./http/middleware/reject-dot-segments.ts";
+import { operationalRoutes } from "./http/routes/health.ts";
+import { objectRoutes } from "./http/routes/objects.ts";
+import type { ServedBytes } from "./http/served-bytes.ts";
+import type { Metrics } from "./metrics/prometheus.ts";
+import type { OriginGateway } from "./origin/origin-gateway.ts";
+
+/** Everything the HTTP app needs, built by `createServer` (or by a test). */
+export interface AppDeps {
+  readonly origins: ReadonlyMap<string, OriginGateway>;
+  readonly cache: BlockCache;
+  readonly metrics: Metrics;
+  readonly served: ServedBytes;
+  /** Token for read routes; undefined leaves them open. */
+  readonly readToken: string | undefined;
+  /** Reports unexpected errors. */
+  readonly log: (message: string, err?: unknown) => void;
+}
+
+/**
+ * Builds the HTTP app: middleware, routes, and the one error→status mapping.
+ *
+ * @param deps the injected parts
+ * @returns the Hono app; its `fetch` is what the runtime serves
+ * @example
+ * ```ts
+ * const app = createApp(deps);
+ * const res = await app.request("/v1/objects/data/a.bin", { headers: { range: "bytes=0-99" } });
+ * ```
+ */
+export function createApp(deps: AppDeps): Hono {
+  const app = new Hono();
+  app.onError(errorHandler(deps.log));
+  app.notFound((c) => c.json({ error: "NOT_FOUND", message: `No route for ${c.req.method} ${c.req.path}` }, 404));
+  app.use("*", rejectDotSegments());
+  app.use("/v1/*", bearerAuth({ token: deps.readToken, required: false, role: "read" }));
+  operationalRoutes(app, { metrics: deps.metrics, originNames: [...deps.origins.keys()] });
+  objectRoutes(app, { origins: deps.origins, cache: deps.cache, served: deps.served });
+  app.all("/v1/objects/*", () => {
+    throw new CacheServerError("BAD_REQUEST", "Objects are read-only: use GET or HEAD");
+  });
+  return app;
+}

@@ -1,0 +1,226 @@
+/**
+ * @module The block cache: objects cut into aligned blocks keyed by (origin, key, version,
+ * block size, index), looked up in memory, then on NVMe, then filled from the origin once
+ * however many readers want it (single-flight), with readers served part by part as bytes land.
+ */
+
+import { isCacheServerError } from "../errors.ts";
+import type { ObjectInfo } from "../origin/origin.ts";
+import type { OriginGateway } from "../origin/origin-gateway.ts";
+import { BlockFill } from "./block-fill.ts";
+import type { DiskTier } from "./disk-tier.ts";
+import type { MemoryTier } from "./memory-tier.ts";
+
+/** Counters of block lookups, one per decision. */
+export interface BlockCacheStats {
+  /** Lookups answered by the memory tier. */
+  readonly memoryHits: number;
+  /** Fills answered by the NVMe tier. */
+  readonly diskHits: number;
+  /** Fills that went to the origin (read-ahead included). */
+  readonly misses: number;
+  /** Lookups that joined a fill already in flight instead of starting another. */
+  readonly coalesced: number;
+  /** Fills that failed. */
+  readonly fillErrors: number;
+  /** Fills in flight now. */
+  readonly inFlight: number;
+}
+
+/** Options of `BlockCache`. */
+export interface BlockCacheOptions {
+  readonly memory: MemoryTier;
+  /** The NVMe tier; absent means memory only. */
+  readonly disk?: DiskTier;
+  /** Block size in bytes; part of every block key. */
+  readonly blockBytes: number;
+  /** Origin read size within a block. */
+  readonly partBytes: number;
+  /** Blocks fetched ahead of the one being streamed. */
+  readonly readAheadBlocks: number;
+  /** Monotonic clock in ms (injected in tests). */
+  readonly now: () => number;
+  /** Called once per finished fill with its duration and where it came from (for histograms). */
+  readonly onFill?: (seconds: number, source: "disk" | "origin") => void;
+}
+
+/**
+ * Reads byte ranges of object versions through the tiers.
+ *
+ * @example
+ * ```ts
+ * const cache = new BlockCache({ memory, disk, blockBytes: 8 << 20, partBytes: 1 << 20, readAheadBlocks: 2, now: () => performance.now() });
+ * for await (const chunk of cache.readRange(gateway, "a.bin", info, 0, info.size)) sink.write(chunk);
+ * ```
+ */
+export class BlockCache {
+  readonly #memory: MemoryTier;
+  readonly #disk: DiskTier | undefined;
+  readonly #blockBytes: number;
+  readonly #partBytes: number;
+  readonly #readAhead: number;
+  readonly #now: () => number;
+  readonly #onFill: (seconds: number, source: "disk" | "origin") => void;
+  readonly #flights = new Map<string, BlockFill>();
+  #memoryHits = 0;
+  #diskHits = 0;
+  #misses = 0;
+  #coalesced = 0;
+  #fillErrors = 0;
+
+  /**
+   * @param opts tiers and sizes
+   * @throws {RangeError} on inconsistent sizes
+   */
+  constructor(opts: BlockCacheOptions) {
+    if (!Number.isSafeInteger(opts.blockBytes) || opts.blockBytes < 1) {
+      throw new RangeError(`Cannot create BlockCache: blockBytes must be a positive integer, received ${opts.blockBytes}`);
+    }
+    if (!Number.isSafeInteger(opts.partBytes) || opts.partBytes < 1 || opts.partBytes > opts.blockBytes) {
+      throw new RangeError(
+        `Cannot create BlockCache: partBytes must be an integer from 1 to blockBytes (${opts.blockBytes}), received ${opts.partBytes}`,
+      );
+    }
+    this.#memory = opts.memory;
+    this.#disk = opts.disk;
+    this.#blockBytes = opts.blockBytes;
+    this.#partBytes = opts.partBytes;
+    this.#readAhead = opts.readAheadBlocks;
+    this.#now = opts.now;
+    this.#onFill = opts.onFill ?? (() => {});
+  }
+
+  /** The block size. */
+  get blockBytes(): number {
+    return this.#blockBytes;
+  }
+
+  /**
+   * Yields the bytes `[start, end)` of one object version, in order, as views into cached
+   * blocks (no copies). At most `1 + readAheadBlocks` blocks of this range are held at once,
+   * so memory stays flat however long the range; the consumer's pace sets the origin's pace.
+   *
+   * @throws {OriginError} when a fill fails (the caller may already have sent bytes)
+   */
+  async *readRange(
+    gw: OriginGateway,
+    key: string,
+    info: ObjectInfo,
+    start: number,
+    end: number,
+  ): AsyncGenerator<Uint8Array, void, undefined> {
+    if (end <= start) return;
+    const first = Math.floor(start / this.#blockBytes);
+    const last = Math.floor((end - 1) / this.#blockBytes);
+    for (let index = first; index <= last; index++) {
+      for (let ahead = index + 1; ahead <= Math.min(last, index + this.#readAhead); ahead++) {
+        this.#lookup(gw, key, info, ahead, true);
+      }
+      const blockStart = index * this.#blockBytes;
+      const from = Math.max(start, blockStart) - blockStart;
+      const to = Math.min(end, blockStart + this.#blockBytes) - blockStart;
+      const got = this.#lookup(gw, key, info, index, false);
+      if (got instanceof Uint8Array) {
+        yield got.subarray(from, to);
+        continue;
+      }
+      let pos = from;
+      while (pos < to) {
+        await got.waitFor(pos + 1);
+        const avail = Math.min(to, got.filled);
+        yield got.bytes.subarray(pos, avail);
+        pos = avail;
+      }
+    }
+  }
+
+  /**
+   * The whole block `index` of an object version, waiting for its fill if needed.
+   *
+   * @returns the block's bytes (a shared view; do not mutate)
+   */
+  async block(gw: OriginGateway, key: string, info: ObjectInfo, index: number): Promise<Uint8Array> {
+    const got = this.#lookup(gw, key, info, index, false);
+    return got instanceof Uint8Array ? got : await got.done;
+  }
+
+  /** The cache key of a block. Newlines cannot occur in keys, so the fields cannot run together. */
+  blockKey(origin: string, key: string, version: string, index: number): string {
+    return `${origin}\n${key}\n${version}\n${this.#blockBytes}\n${index}`;
+  }
+
+  #lookup(gw: OriginGateway, key: string, info: ObjectInfo, index: number, prefetch: boolean): Uint8Array | BlockFill {
+    const k = this.blockKey(gw.name, key, info.version, index);
+    const mem = prefetch ? (this.#memory.has(k) ? EMPTY : undefined) : this.#memory.get(k);
+    if (mem) {
+      if (!prefetch) this.#memoryHits++;
+      return mem;
+    }
+    const flight = this.#flights.get(k);
+    if (flight) {
+      if (!prefetch) this.#coalesced++;
+      return flight;
+    }
+    const length = Math.min(this.#blockBytes, info.size - index * this.#blockBytes);
+    const fill = new BlockFill(length, this.#partBytes);
+    this.#flights.set(k, fill);
+    this.#runFill(gw, key, info, index, k, fill);
+    return fill;
+  }
+
+  async #runFill(gw: OriginGateway, key: string, info: ObjectInfo, index: number, k: string, fill: BlockFill): Promise<void> {
+    const t0 = this.#now();
+    try {
+      // Check the lower tier inside the flight: the only place a concurrent fill of the same
+      // key cannot race us, so a block is read from disk once however many readers arrive.
+      const fromDisk = this.#disk?.has(k) ? await this.#disk.read(k) : undefined;
+      if (fromDisk && fromDisk.length === fill.length) {
+        this.#diskHits++;
+        fill.adopt(fromDisk);
+        this.#memory.set(k, fromDisk);
+        this.#onFill((this.#now() - t0) / 1000, "disk");
+        return;
+      }
+      this.#misses++;
+      const buf = fill.allocate();
+      const base = index * this.#blockBytes;
+      const parts: Promise<void>[] = [];
+      for (let i = 0; i < fill.parts; i++) {
+        const [s, e] = fill.partRange(i);
+        parts.push(gw.read(key, info, base + s, buf.subarray(s, e)).then(() => fill.partDone(i)));
+      }
+      await Promise.all(parts);
+      this.#memory.set(k, buf);
+      this.#disk?.write(k, buf);
+      this.#onFill((this.#now() - t0) / 1000, "origin");
+    } catch (e) {
+      this.#fillErrors++;
+      // A changed object invalidates its metadata so the next request sees the new version.
+      if (isCacheServerError(e) && (e.code === "OBJECT_CHANGED" || e.code === "OBJECT_NOT_FOUND")) gw.invalidate(key);
+      fill.fail(e);
+    } finally {
+      // Deleting on settle means a failure is never cached: the next reader starts a new fill.
+      this.#flights.delete(k);
+    }
+  }
+
+  /** A snapshot of the counters. */
+  stats(): BlockCacheStats {
+    return {
+      memoryHits: this.#memoryHits,
+      diskHits: this.#diskHits,
+      misses: this.#misses,
+      coalesced: this.#coalesced,
+      fillErrors: this.#fillErrors,
+      inFlight: this.#flights.size,
+    };
+  }
+
+  /** Waits for fills in flight and pending disk writes. */
+  async close(): Promise<void> {
+    await Promise.allSettled([...this.#flights.values()].map((f) => f.done));
+    await this.#disk?.flush();
+  }
+}
+
+const EMPTY = new Uint8Array(0);

@@ -1,0 +1,333 @@
+/**
+ * @module The NVMe tier: one file per block under the cache directory, each with a header
+ * that names its key and a SHA-256 of its payload. Written to a temporary name and renamed,
+ * so a block is never torn; verified on every read, so a corrupt block is dropped, never
+ * served; its index is rebuilt from the headers at start-up, so a restart keeps the warm cache.
+ */
+
+import { createHash, randomBytes } from "node:crypto";
+import { mkdir, open, readdir, rename, rm, stat, unlink } from "node:fs/promises";
+
+const MAGIC = new TextEncoder().encode("RFBLK001");
+/** magic(8) + header length u32 + payload length u32 + sha256(32) */
+const FIXED_HEADER = 8 + 4 + 4 + 32;
+const MAX_HEADER = FIXED_HEADER + 4096;
+
+/** Counters of the NVMe tier. */
+export interface DiskTierStats {
+  readonly bytes: number;
+  readonly blocks: number;
+  readonly maxBytes: number;
+  readonly evictions: number;
+  readonly writes: number;
+  /** Writes not done because the write queue was full (the block stayed memory-only). */
+  readonly writesSkipped: number;
+  readonly writeErrors: number;
+  /** Blocks found corrupt on read or at start-up, and deleted. */
+  readonly corrupt: number;
+  readonly pendingWrites: number;
+}
+
+/** Options of `DiskTier.open`. */
+export interface DiskTierOptions {
+  /** The cache directory; created if missing. */
+  readonly dir: string;
+  /** Byte budget for block files (headers included). */
+  readonly maxBytes: number;
+  /** Writes in flight at once; more are skipped (counted) rather than queued without bound. */
+  readonly maxPendingWrites: number;
+  /** Reports unexpected I/O failures (defaults to silence; the counters still move). */
+  readonly onError?: (message: string, cause: unknown) => void;
+}
+
+interface Entry {
+  readonly path: string;
+  readonly fileBytes: number;
+}
+
+/**
+ * Block files under `<dir>/blocks/<2 hex>/<sha256(key)>.blk`, least recently used evicted
+ * first to stay within `maxBytes`.
+ *
+ * @example
+ * ```ts
+ * const disk = await DiskTier.open({ dir: "/nvme/rackfeed", maxBytes: 64 * 2 ** 30, maxPendingWrites: 8 });
+ * disk.write("k", bytes);
+ * const back = await disk.read("k");
+ * ```
+ */
+export class DiskTier {
+  readonly #dir: string;
+  readonly #maxBytes: number;
+  readonly #maxPending: number;
+  readonly #onError: (message: string, cause: unknown) => void;
+  /** Map order is recency order: first entry is the least recently used. */
+  readonly #index = new Map<string, Entry>();
+  readonly #pending = new Map<string, Promise<void>>();
+  #bytes = 0;
+  #reserved = 0;
+  #evictions = 0;
+  #writes = 0;
+  #writesSkipped = 0;
+  #writeErrors = 0;
+  #corrupt = 0;
+
+  private constructor(opts: DiskTierOptions) {
+    this.#dir = opts.dir.replace(/\/+$/, "");
+    this.#maxBytes = opts.maxBytes;
+    this.#maxPending = opts.maxPendingWrites;
+    this.#onError = opts.onError ?? (() => {});
+  }
+
+  /**
+   * Opens (or creates) a cache directory and rebuilds the index from the block headers,
+   * oldest-modified first, deleting files that are torn or not block files.
+   *
+   * @param opts directory, budget and write queue bound
+   * @returns the tier, ready to use
+   * @throws {RangeError} on a bad option
+   */
+  static async open(opts: DiskTierOptions): Promise<DiskTier> {
+    if (!Number.isSafeInteger(opts.maxBytes) || opts.maxBytes <= 0) {
+      throw new RangeError(`Cannot create DiskTier: maxBytes must be a positive integer, received ${opts.maxBytes}`);
+    }
+    if (!Number.isSafeInteger(opts.maxPendingWrites) || opts.maxPendingWrites < 0) {
+      throw new RangeError(
+        `Cannot create DiskTier: maxPendingWrites must be an integer >= 0, received ${opts.maxPendingWrites}`,
+      );
+    }
+    const tier = new DiskTier(opts);
+    await tier.#rebuild();
+    return tier;
+  }
+
+  async #rebuild(): Promise<void> {
+    // Temporary files belong to writes that never finished: never part of the cache.
+    await rm(`${this.#dir}/tmp`, { recursive: true, force: true });
+    await mkdir(`${this.#dir}/tmp`, { recursive: true });
+    await mkdir(`${this.#dir}/blocks`, { recursive: true });
+    const found: { key: string; entry: Entry; mtime: number }[] = [];
+    for (const sub of await readdir(`${this.#dir}/blocks`)) {
+      let names: string[];
+      try {
+        names = await readdir(`${this.#dir}/blocks/${sub}`);
+      } catch {
+        continue;
+      }
+      for (const name of names) {
+        const path = `${this.#dir}/blocks/${sub}/${name}`;
+        const got = await readHeaderOf(path).catch(() => undefined);
+        if (!got) {
+          this.#corrupt++;
+          await unlink(path).catch(() => {});
+          continue;
+        }
+        found.push({ key: got.key, entry: { path, fileBytes: got.fileBytes }, mtime: got.mtime });
+      }
+    }
+    found.sort((a, b) => a.mtime - b.mtime);
+    for (const f of found) {
+      this.#index.set(f.key, f.entry);
+      this.#bytes += f.entry.fileBytes;
+    }
+    await this.#evictUntil(0);
+  }
+
+  /** True when a block file for `key` is indexed. */
+  has(key: string): boolean {
+    return this.#index.has(key);
+  }
+
+  /**
+   * Reads and verifies a block. A block whose checksum, length or key does not match is
+   * deleted and reported as absent, so the caller refetches it from the origin.
+   *
+   * @returns the payload, or `undefined` when absent or corrupt
+   */
+  async read(key: string): Promise<Uint8Array | undefined> {
+    const entry = this.#index.get(key);
+    if (!entry) return undefined;
+    this.#index.delete(key);
+    this.#index.set(key, entry);
+    let file: Uint8Array;
+    try {
+      const fh = await open(entry.path, "r");
+      try {
+        const size = (await fh.stat()).size;
+        file = new Uint8Array(size);
+        let done = 0;
+        while (done < size) {
+          const { bytesRead } = await fh.read(file, done, size - done, done);
+          if (bytesRead === 0) break;
+          done += bytesRead;
+        }
+        // Recency survives a restart through mtime; a failure here only costs ordering.
+        const now = new Date();
+        await fh.utimes(now, now).catch(() => {});
+      } finally {
+        await fh.close();
+      }
+    } catch (e) {
+      // Evicted between the index lookup and the open (ENOENT) is an ordinary miss.
+      if ((e as { code?: string }).code !== "ENOENT") this.#onError(`Cannot read block file ${entry.path}`, e);
+      this.#drop(key, entry);
+      return undefined;
+    }
+    const payload = verifyBlockFile(file, key);
+    if (!payload) {
+      this.#corrupt++;
+      this.#onError(`Dropped corrupt block file ${entry.path} (checksum, length or key mismatch)`, undefined);
+      this.#drop(key, entry);
+      await unlink(entry.path).catch(() => {});
+      return undefined;
+    }
+    return payload;
+  }
+
+  /**
+   * Stores a block in the background. Returns false (and counts it) when the block is
+   * already stored or being stored, larger than the budget, or the write queue is full.
+   */
+  write(key: string, payload: Uint8Array): boolean {
+    if (this.#index.has(key) || this.#pending.has(key)) return false;
+    const keyBytes = new TextEncoder().encode(key);
+    const fileBytes = FIXED_HEADER + keyBytes.length + payload.length;
+    if (fileBytes > this.#maxBytes || this.#pending.size >= this.#maxPending || keyBytes.length > 4096) {
+      this.#writesSkipped++;
+      return false;
+    }
+    const p = this.#write(key, keyBytes, payload, fileBytes).finally(() => this.#pending.delete(key));
+    this.#pending.set(key, p);
+    return true;
+  }
+
+  async #write(key: string, keyBytes: Uint8Array, payload: Uint8Array, fileBytes: number): Promise<void> {
+    // Reserve the space first so that concurrent writes cannot together overshoot the budget.
+    this.#reserved += fileBytes;
+    const name = createHash("sha256").update(keyBytes).digest("hex");
+    const path = `${this.#dir}/blocks/${name.slice(0, 2)}/${name}.blk`;
+    const tmp = `${this.#dir}/tmp/${name}.${randomBytes(6).toString("hex")}.tmp`;
+    try {
+      await this.#evictUntil(0);
+      const header = encodeHeader(keyBytes, payload);
+      const fh = await open(tmp, "wx");
+      try {
+        await fh.writev([header, payload]);
+      } finally {
+        await fh.close();
+      }
+      await mkdir(`${this.#dir}/blocks/${name.slice(0, 2)}`, { recursive: true });
+      // rename() is atomic: a reader sees either no file or the whole block.
+      await rename(tmp, path);
+      this.#index.set(key, { path, fileBytes });
+      this.#bytes += fileBytes;
+      this.#writes++;
+    } catch (e) {
+      this.#writeErrors++;
+      this.#onError(`Cannot write block file ${path}`, e);
+      await unlink(tmp).catch(() => {});
+    } finally {
+      this.#reserved -= fileBytes;
+    }
+    await this.#evictUntil(0);
+  }
+
+  async #evictUntil(extra: number): Promise<void> {
+    const doomed: Entry[] = [];
+    for (const [key, entry] of this.#index) {
+      if (this.#bytes + this.#reserved + extra <= this.#maxBytes) break;
+      this.#drop(key, entry);
+      this.#evictions++;
+      doomed.push(entry);
+    }
+    // Unlink after leaving the index: a reader holding an open descriptor still reads the
+    // whole old file, and a new reader no longer finds it.
+    await Promise.all(doomed.map((e) => unlink(e.path).catch(() => {})));
+  }
+
+  #drop(key: string, entry: Entry): void {
+    if (this.#index.get(key) === entry) {
+      this.#index.delete(key);
+      this.#bytes -= entry.fileBytes;
+    }
+  }
+
+  /** Waits for the writes in flight (used at shutdown and by tests). */
+  async flush(): Promise<void> {
+    while (this.#pending.size > 0) await Promise.all([...this.#pending.values()]);
+  }
+
+  /** A snapshot of the counters. */
+  stats(): DiskTierStats {
+    return {
+      bytes: this.#bytes,
+      blocks: this.#index.size,
+      maxBytes: this.#maxBytes,
+      evictions: this.#evictions,
+      writes: this.#writes,
+      writesSkipped: this.#writesSkipped,
+      writeErrors: this.#writeErrors,
+      corrupt: this.#corrupt,
+      pendingWrites: this.#pending.size,
+    };
+  }
+
+  /** Paths of the indexed block files, least recently used first (for tests and tools). */
+  files(): string[] {
+    return [...this.#index.values()].map((e) => e.path);
+  }
+}
+
+function encodeHeader(keyBytes: Uint8Array, payload: Uint8Array): Uint8Array {
+  const header = new Uint8Array(FIXED_HEADER + keyBytes.length);
+  const view = new DataView(header.buffer);
+  header.set(MAGIC, 0);
+  view.setUint32(8, header.length, true);
+  view.setUint32(12, payload.length, true);
+  header.set(createHash("sha256").update(payload).digest(), 16);
+  header.set(keyBytes, FIXED_HEADER);
+  return header;
+}
+
+/** Returns the payload view when the whole file is a valid block for `key`, else undefined. */
+function verifyBlockFile(file: Uint8Array, key: string): Uint8Array | undefined {
+  const h = parseHeader(file, file.length);
+  if (!h || h.key !== key) return undefined;
+  const payload = file.subarray(h.headerBytes);
+  const sum = createHash("sha256").update(payload).digest();
+  for (let i = 0; i < 32; i++) if (sum[i] !== file[16 + i]) return undefined;
+  return payload;
+}
+
+function parseHeader(
+  head: Uint8Array,
+  fileBytes: number,
+): { key: string; headerBytes: number } | undefined {
+  if (head.length < FIXED_HEADER) return undefined;
+  for (let i = 0; i < MAGIC.length; i++) if (head[i] !== MAGIC[i]) return undefined;
+  const view = new DataView(head.buffer, head.byteOffset, head.byteLength);
+  const headerBytes = view.getUint32(8, true);
+  const payloadBytes = view.getUint32(12, true);
+  if (headerBytes < FIXED_HEADER || headerBytes > MAX_HEADER || headerBytes > head.length) return undefined;
+  if (headerBytes + payloadBytes !== fileBytes) return undefined;
+  let key: string;
+  try {
+    key = new TextDecoder("utf-8", { fatal: true }).decode(head.subarray(FIXED_HEADER, headerBytes));
+  } catch {
+    return undefined;
+  }
+  return { key, headerBytes };
+}
+
+async function readHeaderOf(path: string): Promise<{ key: string; fileBytes: number; mtime: number } | undefined> {
+  const st = await stat(path);
+  const fh = await open(path, "r");
+  try {
+    const head = new Uint8Array(Math.min(st.size, MAX_HEADER));
+    await fh.read(head, 0, head.length, 0);
+    const h = parseHeader(head, st.size);
+    return h ? { key: h.key, fileBytes: st.size, mtime: st.mtimeMs } : undefined;
+  } finally {
+    await fh.close();
+  }
+}

@@ -1,0 +1,124 @@
+/** @module The `rackfeed` command line: `serve`, and the embedded demo when no command is given. */
+
+import { ConfigError, loadConfig } from "../config/load.ts";
+import { TUNABLES } from "../config/defaults.ts";
+import { ensureDemoDataset } from "../demo/demo-dataset.ts";
+import type { Listen } from "../runtime/listener.ts";
+import { createServer } from "../server.ts";
+
+/** What the CLI needs from the runtime it runs on (built in `runtime/deno.ts` or `runtime/node.ts`). */
+export interface CliHost {
+  readonly args: readonly string[];
+  readonly env: Readonly<Record<string, string | undefined>>;
+  readonly cwd: string;
+  readonly readTextFile: (path: string) => string;
+  readonly listen: Listen;
+  readonly now: () => number;
+  readonly print: (line: string) => void;
+  readonly printError: (line: string) => void;
+  /** Registers the graceful-shutdown handler for SIGINT/SIGTERM. */
+  readonly onShutdown: (handler: () => void) => void;
+  /** e.g. "deno 2.9.6", for the start-up line. */
+  readonly runtime: string;
+}
+
+/** Exit codes: 0 ok, 1 runtime failure, 2 bad usage or configuration. */
+export type ExitCode = 0 | 1 | 2;
+
+const USAGE = `Usage:
+  rackfeed serve [--config FILE.json] [--listen HOST:PORT] [--origin NAME=URL]...
+                 [--cache-dir DIR] [--memory-bytes SIZE] [--disk-bytes SIZE] [--block-bytes SIZE]
+                 [--read-token T] [--admin-token T] [more: see README]
+  rackfeed demo  [serve flags]   (also: no command) serve a generated local demo dataset
+
+  URL: /absolute/path or file:///path (s3://bucket/prefix arrives with the S3 origin)
+  SIZE: bytes or with a unit: 512MiB, 64GiB, 1TB
+
+Options of serve (flag, environment variable, default):
+${Object.values(TUNABLES).map((t) => `  ${t.flag.padEnd(22)} ${t.env.padEnd(30)} ${t.default ?? "(unset)"}`).join("\n")}`;
+
+/**
+ * Runs one command line. `serve` and `demo` resolve only after a shutdown signal.
+ *
+ * @param host the runtime's arguments, environment and I/O
+ * @returns the process exit code
+ */
+export async function runCli(host: CliHost): Promise<ExitCode> {
+  const [command, ...rest] = host.args;
+  if (command === "--help" || command === "-h" || command === "help") {
+    host.print(USAGE);
+    return 0;
+  }
+  if (command === undefined || command === "demo" || command.startsWith("--")) {
+    return await serve(host, command === "demo" ? rest : host.args, true);
+  }
+  if (command === "serve") {
+    if (rest.includes("--help")) {
+      host.print(USAGE);
+      return 0;
+    }
+    return await serve(host, rest, false);
+  }
+  if (command === "prefetch" || command === "stats") {
+    host.printError(`rackfeed ${command}: not available in this version yet; see the README for what is`);
+    return 2;
+  }
+  host.printError(`Unknown command "${command}"; expected serve or demo\n\n${USAGE}`);
+  return 2;
+}
+
+async function serve(host: CliHost, args: readonly string[], demo: boolean): Promise<ExitCode> {
+  let config;
+  try {
+    const demoArgs = demo ? await demoDefaults(host, args) : [];
+    config = loadConfig({ args: [...demoArgs, ...args], env: host.env, readTextFile: host.readTextFile, cwd: host.cwd });
+  } catch (e) {
+    if (e instanceof ConfigError) {
+      host.printError(`rackfeed: ${e.message}`);
+      return 2;
+    }
+    throw e;
+  }
+  if (config.origins.length === 0) {
+    host.printError('rackfeed: no origin configured; add --origin NAME=/path (or "origins" in --config)');
+    return 2;
+  }
+  const log = (m: string, err?: unknown) => host.printError(err === undefined ? m : `${m}: ${describe(err)}`);
+  const server = await createServer(config, { now: host.now, log });
+  let listener;
+  try {
+    listener = await host.listen(server.fetch, config.listen);
+  } catch (e) {
+    host.printError(`rackfeed: cannot listen on ${config.listen.hostname}:${config.listen.port}: ${describe(e)}`);
+    await server.close();
+    return 1;
+  }
+  host.print(`rackfeed (${host.runtime}) listening on ${listener.url}`);
+  if (demo) {
+    const u = listener.url;
+    host.print(`Demo dataset: origin "demo" -> ${config.origins[0].kind === "fs" ? config.origins[0].root : ""}`);
+    host.print(`Try:\n  curl ${u}/v1/objects/demo/hello.txt\n  curl -s -r 0-15 ${u}/v1/objects/demo/shards/shard-00000.bin | od -A d -t x1`);
+    host.print(`  curl -sI ${u}/v1/objects/demo/shards/shard-00001.bin\n  curl -s ${u}/metrics | grep rackfeed_cache`);
+  }
+  await new Promise<void>((resolve) => host.onShutdown(resolve));
+  host.print("rackfeed: shutting down (draining requests, flushing the disk tier)");
+  await listener.close();
+  await server.close();
+  return 0;
+}
+
+/** Flags the demo adds in front of the user's own, so the user's still win. */
+async function demoDefaults(host: CliHost, args: readonly string[]): Promise<string[]> {
+  const dir = `${host.cwd.replace(/\/+$/, "")}/.rackfeed-demo`;
+  await ensureDemoDataset(dir);
+  const out = ["--origin", `demo=${dir}`];
+  if (!args.includes("--memory-bytes")) out.push("--memory-bytes", "256MiB");
+  if (!args.includes("--disk-bytes")) out.push("--disk-bytes", "1GiB");
+  return out;
+}
+
+function describe(e: unknown): string {
+  if (!(e instanceof Error)) return String(e);
+  const cause = e.cause instanceof Error ? ` (cause: ${e.cause.message})` : "";
+  return `${e.message}${cause}`;
+}

@@ -1,0 +1,38 @@
+/** @module Bearer-token checks for read and admin routes. */
+
+import type { MiddlewareHandler } from "hono";
+import { CacheServerError } from "../../errors.ts";
+
+/**
+ * Requires `Authorization: Bearer <token>` when a token is configured. With `required`,
+ * an unset token refuses every request (admin routes are closed unless a token is set).
+ *
+ * @param opts the expected token, whether it must be configured, and the role (for messages)
+ * @returns the middleware
+ */
+export const bearerAuth = (opts: { token: string | undefined; required: boolean; role: string }): MiddlewareHandler =>
+  async function bearerAuth(c, next) {
+    if (opts.token === undefined) {
+      if (opts.required) {
+        throw new CacheServerError(
+          "FORBIDDEN",
+          `${opts.role} endpoints are disabled: start the server with --admin-token to enable them`,
+        );
+      }
+      return await next();
+    }
+    const got = /^Bearer\s+(\S+)\s*$/i.exec(c.req.header("authorization") ?? "")?.[1];
+    if (got === undefined || !constantTimeEqual(got, opts.token)) {
+      c.header("www-authenticate", 'Bearer realm="rackfeed"');
+      throw new CacheServerError("UNAUTHORIZED", `Missing or wrong ${opts.role} token: send "Authorization: Bearer <token>"`);
+    }
+    await next();
+  };
+
+function constantTimeEqual(a: string, b: string): boolean {
+  const ea = new TextEncoder().encode(a);
+  const eb = new TextEncoder().encode(b);
+  let diff = ea.length ^ eb.length;
+  for (let i = 0; i < eb.length; i++) diff |= (ea[i] ?? 0) ^ eb[i];
+  return diff === 0;
+}

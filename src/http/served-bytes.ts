@@ -1,0 +1,51 @@
+/** @module Counts the body bytes actually handed to each transport. */
+
+/** The transports of `rackfeed_served_bytes_total`. */
+export type Transport = "http1" | "http2" | "shm" | "extents";
+
+/** Per-transport byte counters, shared by the routes that send bodies. */
+export class ServedBytes {
+  readonly #bytes: Record<Transport, number> = { http1: 0, http2: 0, shm: 0, extents: 0 };
+
+  /** Adds `n` bytes sent over `transport`. */
+  add(transport: Transport, n: number): void {
+    this.#bytes[transport] += n;
+  }
+
+  /** A snapshot. */
+  stats(): Readonly<Record<Transport, number>> {
+    return { ...this.#bytes };
+  }
+}
+
+/**
+ * Wraps a chunk source as a pull-driven `ReadableStream`: the next chunk is produced only when
+ * the runtime asks for it (its socket drained), which is the backpressure that keeps memory
+ * flat for any length of body. Cancelling the stream (client gone) stops the source.
+ *
+ * @param source chunks to send, in order
+ * @param onChunk called with each chunk's length as it is handed over
+ * @returns the body stream
+ */
+export function pullStream(
+  source: AsyncGenerator<Uint8Array, void, undefined>,
+  onChunk: (n: number) => void,
+): ReadableStream<Uint8Array> {
+  return new ReadableStream<Uint8Array>(
+    {
+      async pull(ctrl) {
+        const r = await source.next();
+        if (r.done) {
+          ctrl.close();
+          return;
+        }
+        onChunk(r.value.length);
+        ctrl.enqueue(r.value);
+      },
+      async cancel() {
+        await source.return(undefined);
+      },
+    },
+    { highWaterMark: 0 },
+  );
+}

@@ -1,0 +1,142 @@
+/**
+ * @module Prometheus exposition of `/metrics`. Components keep cheap counters and expose
+ * `stats()` snapshots; this module reads them at scrape time (prom-client `collect`), so no
+ * metrics library call sits on a cache lookup. Each server owns its own registry, so two
+ * servers can run in one process.
+ */
+
+import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { BlockCacheStats } from "../cache/block-cache.ts";
+import type { DiskTierStats } from "../cache/disk-tier.ts";
+import type { MemoryTierStats } from "../cache/memory-tier.ts";
+import type { OriginStats } from "../origin/origin-gateway.ts";
+import type { Transport } from "../http/served-bytes.ts";
+
+/** Where the metrics come from: snapshot functions, called at scrape time. */
+export interface MetricSources {
+  readonly cache: () => BlockCacheStats;
+  readonly memory: () => MemoryTierStats;
+  readonly disk: () => DiskTierStats | undefined;
+  readonly origins: () => readonly OriginStats[];
+  readonly served: () => Readonly<Record<Transport, number>>;
+}
+
+type Sample = readonly [labels: Record<string, string>, value: number];
+
+/**
+ * The metric registry of one server.
+ *
+ * @example
+ * ```ts
+ * const metrics = new Metrics(sources);
+ * const text = await metrics.render();
+ * ```
+ */
+export class Metrics {
+  readonly #registry = new Registry();
+  /** Block fill durations, by where the block came from. Observed once per fill. */
+  readonly fillSeconds: Histogram<"source">;
+
+  /** @param src the snapshot functions */
+  constructor(src: MetricSources) {
+    const reg = [this.#registry];
+    const counter = (name: string, help: string, labelNames: string[], read: () => Sample[]) =>
+      new Counter({
+        name,
+        help,
+        labelNames,
+        registers: reg,
+        collect() {
+          // Mirror the component's own counter: reset, then add its current total.
+          this.reset();
+          for (const [labels, value] of read()) this.inc(labels, value);
+        },
+      });
+    const gauge = (name: string, help: string, labelNames: string[], read: () => Sample[]) =>
+      new Gauge({
+        name,
+        help,
+        labelNames,
+        registers: reg,
+        collect() {
+          this.reset();
+          for (const [labels, value] of read()) this.set(labels, value);
+        },
+      });
+
+    counter("rackfeed_cache_hits_total", "Block lookups answered by a cache tier", ["tier"], () => {
+      const c = src.cache();
+      return [[{ tier: "memory" }, c.memoryHits], [{ tier: "disk" }, c.diskHits]];
+    });
+    counter("rackfeed_cache_misses_total", "Blocks filled from an origin (read-ahead included)", [], () => [
+      [{}, src.cache().misses],
+    ]);
+    counter("rackfeed_cache_coalesced_total", "Block lookups that joined a fill already in flight", [], () => [
+      [{}, src.cache().coalesced],
+    ]);
+    counter("rackfeed_cache_fill_errors_total", "Block fills that failed", [], () => [[{}, src.cache().fillErrors]]);
+    gauge("rackfeed_cache_hit_ratio", "Cache hits / (hits + misses) since start", [], () => {
+      const c = src.cache();
+      const hits = c.memoryHits + c.diskHits;
+      return [[{}, hits + c.misses === 0 ? 0 : hits / (hits + c.misses)]];
+    });
+    gauge("rackfeed_cache_bytes", "Bytes held per cache tier", ["tier"], () => {
+      const d = src.disk();
+      return [[{ tier: "memory" }, src.memory().bytes], ...(d ? [[{ tier: "disk" }, d.bytes] as Sample] : [])];
+    });
+    gauge("rackfeed_cache_budget_bytes", "Byte budget per cache tier", ["tier"], () => {
+      const d = src.disk();
+      return [[{ tier: "memory" }, src.memory().maxBytes], ...(d ? [[{ tier: "disk" }, d.maxBytes] as Sample] : [])];
+    });
+    gauge("rackfeed_cache_blocks", "Blocks held per cache tier", ["tier"], () => {
+      const d = src.disk();
+      return [[{ tier: "memory" }, src.memory().blocks], ...(d ? [[{ tier: "disk" }, d.blocks] as Sample] : [])];
+    });
+    counter("rackfeed_cache_evictions_total", "Blocks evicted per tier to stay within budget", ["tier"], () => {
+      const d = src.disk();
+      return [[{ tier: "memory" }, src.memory().evictions], ...(d ? [[{ tier: "disk" }, d.evictions] as Sample] : [])];
+    });
+    counter("rackfeed_cache_corrupt_blocks_total", "Block files found corrupt and dropped", [], () => [
+      [{}, src.disk()?.corrupt ?? 0],
+    ]);
+    counter("rackfeed_disk_writes_total", "Block writes to the NVMe tier by result", ["result"], () => {
+      const d = src.disk();
+      if (!d) return [];
+      return [[{ result: "ok" }, d.writes], [{ result: "skipped" }, d.writesSkipped], [{ result: "error" }, d.writeErrors]];
+    });
+    counter("rackfeed_origin_requests_total", "Requests sent to an origin, by operation", ["origin", "op"], () =>
+      src.origins().flatMap((o) =>
+        (["stat", "read", "list"] as const).map((op) => [{ origin: o.name, op }, o.requests[op]] as Sample)
+      ));
+    counter("rackfeed_origin_bytes_total", "Payload bytes read from an origin", ["origin"], () =>
+      src.origins().map((o) => [{ origin: o.name }, o.bytes] as Sample));
+    counter("rackfeed_origin_errors_total", "Failed origin requests", ["origin"], () =>
+      src.origins().map((o) => [{ origin: o.name }, o.errors] as Sample));
+    counter("rackfeed_origin_metadata_hits_total", "Object metadata answered from the TTL cache", ["origin"], () =>
+      src.origins().map((o) => [{ origin: o.name }, o.metadataHits] as Sample));
+    gauge("rackfeed_origin_inflight_requests", "Origin requests in flight", ["origin"], () =>
+      src.origins().map((o) => [{ origin: o.name }, o.active] as Sample));
+    gauge("rackfeed_origin_queued_requests", "Origin requests waiting for a slot", ["origin"], () =>
+      src.origins().map((o) => [{ origin: o.name }, o.queued] as Sample));
+    counter("rackfeed_served_bytes_total", "Body bytes handed to each transport", ["transport"], () =>
+      Object.entries(src.served()).map(([transport, v]) => [{ transport }, v] as Sample));
+
+    this.fillSeconds = new Histogram({
+      name: "rackfeed_fill_seconds",
+      help: "Time to fill one block, by source",
+      labelNames: ["source"],
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers: reg,
+    });
+  }
+
+  /** Content type of the exposition. */
+  get contentType(): string {
+    return this.#registry.contentType;
+  }
+
+  /** The exposition text. */
+  render(): Promise<string> {
+    return this.#registry.metrics();
+  }
+}

@@ -1,0 +1,177 @@
+/** @module An origin on a POSIX or NFS mount: positional reads, version from inode+size+mtime, never a path outside its root. */
+
+import { constants, type Stats } from "node:fs";
+import { open, opendir, realpath, stat } from "node:fs/promises";
+import { OriginError } from "../errors.ts";
+import type { ListedObject, ObjectInfo, Origin } from "./origin.ts";
+
+/** Options of `FsOrigin`. */
+export interface FsOriginOptions {
+  /** Origin name. */
+  readonly name: string;
+  /** Absolute directory every key is resolved under. */
+  readonly root: string;
+}
+
+/**
+ * Serves files under one directory. Keys must already be validated (`origin/object-key.ts`);
+ * as a second line of defence every path is resolved with `realpath` and refused unless it is
+ * still under the root, so a symlink cannot lead out of it either.
+ *
+ * @example
+ * ```ts
+ * const origin = new FsOrigin({ name: "data", root: "/srv/datasets" });
+ * const info = await origin.stat("shards/0001.bin");
+ * ```
+ */
+export class FsOrigin implements Origin {
+  readonly name: string;
+  readonly #root: string;
+  #realRoot: Promise<string> | undefined;
+
+  /**
+   * @param opts name and absolute root
+   * @throws {RangeError} when the root is not absolute
+   */
+  constructor(opts: FsOriginOptions) {
+    if (!opts.root.startsWith("/")) {
+      throw new RangeError(`Cannot create FsOrigin "${opts.name}": root must be absolute, received "${opts.root}"`);
+    }
+    this.name = opts.name;
+    this.#root = opts.root.replace(/\/+$/, "") || "/";
+  }
+
+  async #resolve(key: string): Promise<string> {
+    this.#realRoot ??= realpath(this.#root).catch((e) => {
+      this.#realRoot = undefined;
+      throw this.#fail(e, "");
+    });
+    const root = await this.#realRoot;
+    let real: string;
+    try {
+      real = await realpath(`${this.#root}/${key}`);
+    } catch (e) {
+      throw this.#fail(e, key);
+    }
+    const prefix = root === "/" ? "/" : `${root}/`;
+    if (!real.startsWith(prefix)) {
+      // Reported as not found: saying more would tell a client what exists outside the root.
+      throw new OriginError("OBJECT_NOT_FOUND", `Object "${key}" not found in origin "${this.name}"`);
+    }
+    return real;
+  }
+
+  async stat(key: string): Promise<ObjectInfo> {
+    const path = await this.#resolve(key);
+    let st: Stats;
+    try {
+      st = await stat(path);
+    } catch (e) {
+      throw this.#fail(e, key);
+    }
+    if (!st.isFile()) throw new OriginError("OBJECT_NOT_FOUND", `Object "${key}" not found in origin "${this.name}"`);
+    return infoOf(st);
+  }
+
+  async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
+    const path = await this.#resolve(key);
+    let fh;
+    try {
+      fh = await open(path, constants.O_RDONLY);
+    } catch (e) {
+      throw this.#fail(e, key);
+    }
+    try {
+      // The version is checked on the open descriptor, so the bytes read below belong to
+      // exactly the version the block key names (a rename-replace cannot slip in between).
+      const now = infoOf(await fh.stat());
+      if (now.version !== info.version) {
+        throw new OriginError(
+          "OBJECT_CHANGED",
+          `Object "${key}" in origin "${this.name}" changed while being read (version ${info.version} -> ${now.version})`,
+        );
+      }
+      let done = 0;
+      while (done < dest.length) {
+        const { bytesRead } = await fh.read(dest, done, dest.length - done, offset + done);
+        if (bytesRead === 0) {
+          throw new OriginError(
+            "OBJECT_CHANGED",
+            `Object "${key}" in origin "${this.name}" is shorter than its recorded size ${info.size}`,
+          );
+        }
+        done += bytesRead;
+      }
+    } catch (e) {
+      throw e instanceof OriginError ? e : this.#fail(e, key);
+    } finally {
+      await fh.close();
+    }
+  }
+
+  async list(prefix: string, limit: number): Promise<ListedObject[]> {
+    // Walk only the directory that holds the prefix; the rest of the tree cannot match.
+    const slash = prefix.lastIndexOf("/");
+    const dirKey = slash < 0 ? "" : prefix.slice(0, slash);
+    const out: ListedObject[] = [];
+    let start: string;
+    try {
+      start = dirKey === "" ? await this.#resolveRoot() : await this.#resolve(dirKey);
+    } catch (e) {
+      if (e instanceof OriginError && e.code === "OBJECT_NOT_FOUND") return out;
+      throw e;
+    }
+    await this.#walk(start, dirKey, prefix, limit, out);
+    out.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+    return out.slice(0, limit);
+  }
+
+  async #resolveRoot(): Promise<string> {
+    this.#realRoot ??= realpath(this.#root);
+    return await this.#realRoot;
+  }
+
+  async #walk(dir: string, dirKey: string, prefix: string, limit: number, out: ListedObject[]): Promise<void> {
+    const entries = [];
+    try {
+      for await (const e of await opendir(dir)) entries.push(e);
+    } catch (e) {
+      throw this.#fail(e, dirKey);
+    }
+    entries.sort((a, b) => (a.name < b.name ? -1 : 1));
+    for (const e of entries) {
+      if (out.length >= limit) return;
+      const key = dirKey === "" ? e.name : `${dirKey}/${e.name}`;
+      if (e.isDirectory()) {
+        if (prefix.startsWith(`${key}/`) || key.startsWith(prefix)) await this.#walk(`${dir}/${e.name}`, key, prefix, limit, out);
+      } else if (e.isFile() && key.startsWith(prefix)) {
+        out.push({ key, size: (await stat(`${dir}/${e.name}`)).size });
+      }
+    }
+  }
+
+  close(): Promise<void> {
+    return Promise.resolve();
+  }
+
+  #fail(e: unknown, key: string): OriginError {
+    const code = (e as { code?: string }).code;
+    if (code === "ENOENT" || code === "ENOTDIR" || code === "EISDIR") {
+      return new OriginError("OBJECT_NOT_FOUND", `Object "${key}" not found in origin "${this.name}"`, { cause: e });
+    }
+    if (code === "ETIMEDOUT") {
+      return new OriginError("ORIGIN_TIMEOUT", `Origin "${this.name}" timed out reading "${key}"`, { cause: e });
+    }
+    return new OriginError(
+      "ORIGIN_UNAVAILABLE",
+      `Origin "${this.name}" failed reading "${key}": ${code ?? (e as Error).message}`,
+      { cause: e },
+    );
+  }
+}
+
+function infoOf(st: Stats): ObjectInfo {
+  const mtimeUs = Math.round(st.mtimeMs * 1000);
+  const version = `${st.ino.toString(36)}-${st.size.toString(36)}-${mtimeUs.toString(36)}`;
+  return { size: st.size, version, etag: `"${version}"`, lastModified: new Date(Math.floor(st.mtimeMs)) };
+}

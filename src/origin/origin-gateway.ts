@@ -1,0 +1,146 @@
+/** @module How the cache talks to one origin: bounded concurrency, a short-lived metadata cache, and counters per decision. */
+
+import { LRUCache } from "lru-cache";
+import { isCacheServerError } from "../errors.ts";
+import { ConcurrencyLimiter } from "./limiter.ts";
+import type { ListedObject, ObjectInfo, Origin } from "./origin.ts";
+
+/** Counters of one origin, read by `metrics/` at scrape time. */
+export interface OriginStats {
+  readonly name: string;
+  /** Requests sent, by operation. */
+  readonly requests: { stat: number; read: number; list: number };
+  /** Payload bytes read. */
+  readonly bytes: number;
+  /** Failed requests (not-found answers are not failures). */
+  readonly errors: number;
+  /** Stat answers served from the metadata cache. */
+  readonly metadataHits: number;
+  readonly active: number;
+  readonly queued: number;
+}
+
+/** Options of `OriginGateway`. */
+export interface OriginGatewayOptions {
+  /** Origin reads in flight at once. */
+  readonly concurrency: number;
+  /** Reads that may wait for a slot. */
+  readonly maxQueue: number;
+  /** How long a stat answer is trusted, in ms; 0 asks the origin every time. */
+  readonly metadataTtl: number;
+  /** Clock for the metadata TTL (injected in tests). */
+  readonly now?: () => number;
+}
+
+/**
+ * Wraps an `Origin` with what every origin needs the same way: a limit on requests in flight
+ * (with a bounded queue), a TTL cache of object metadata (single-flight, so a burst of
+ * requests for one object asks the origin once), and counters.
+ *
+ * @example
+ * ```ts
+ * const gw = new OriginGateway(new FsOrigin({ name: "data", root }), { concurrency: 16, maxQueue: 4096, metadataTtl: 1000 });
+ * const info = await gw.stat("a.bin");
+ * ```
+ */
+export class OriginGateway {
+  readonly origin: Origin;
+  readonly #limiter: ConcurrencyLimiter;
+  readonly #meta: LRUCache<string, ObjectInfo> | undefined;
+  readonly #statFlights = new Map<string, Promise<ObjectInfo>>();
+  readonly #requests = { stat: 0, read: 0, list: 0 };
+  #bytes = 0;
+  #errors = 0;
+  #metadataHits = 0;
+
+  /**
+   * @param origin the origin to wrap
+   * @param opts limits and TTL
+   * @throws {RangeError} on a bad option
+   */
+  constructor(origin: Origin, opts: OriginGatewayOptions) {
+    this.origin = origin;
+    this.#limiter = new ConcurrencyLimiter({
+      concurrency: opts.concurrency,
+      maxQueue: opts.maxQueue,
+      what: `origin "${origin.name}"`,
+    });
+    if (!(opts.metadataTtl >= 0)) {
+      throw new RangeError(`Cannot create OriginGateway: metadataTtl must be >= 0 ms, received ${opts.metadataTtl}`);
+    }
+    if (opts.metadataTtl > 0) {
+      const now = opts.now;
+      this.#meta = new LRUCache<string, ObjectInfo>({
+        max: 100_000,
+        ttl: opts.metadataTtl,
+        ttlAutopurge: false,
+        ...(now ? { perf: { now } } : {}),
+      });
+    }
+  }
+
+  /** The origin's name. */
+  get name(): string {
+    return this.origin.name;
+  }
+
+  /** Size and version of an object, from the metadata cache when fresh. */
+  stat(key: string): Promise<ObjectInfo> {
+    const cached = this.#meta?.get(key);
+    if (cached) {
+      this.#metadataHits++;
+      return Promise.resolve(cached);
+    }
+    let flight = this.#statFlights.get(key);
+    if (!flight) {
+      flight = this.#count("stat", () => this.origin.stat(key)).then((info) => {
+        this.#meta?.set(key, info);
+        return info;
+      }).finally(() => this.#statFlights.delete(key));
+      this.#statFlights.set(key, flight);
+    }
+    return flight;
+  }
+
+  /** Forgets the metadata of `key` (after the origin said it changed). */
+  invalidate(key: string): void {
+    this.#meta?.delete(key);
+  }
+
+  /** Positional read into `dest`, under the concurrency limit. */
+  async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
+    await this.#count("read", () => this.origin.read(key, info, offset, dest));
+    this.#bytes += dest.length;
+  }
+
+  /** Lists objects under a prefix. */
+  list(prefix: string, limit: number): Promise<ListedObject[]> {
+    return this.#count("list", () => this.origin.list(prefix, limit));
+  }
+
+  /** A snapshot of the counters. */
+  stats(): OriginStats {
+    const l = this.#limiter.stats();
+    return {
+      name: this.origin.name,
+      requests: { ...this.#requests },
+      bytes: this.#bytes,
+      errors: this.#errors,
+      metadataHits: this.#metadataHits,
+      active: l.active,
+      queued: l.queued,
+    };
+  }
+
+  async #count<T>(op: "stat" | "read" | "list", fn: () => Promise<T>): Promise<T> {
+    return await this.#limiter.run(async () => {
+      this.#requests[op]++;
+      try {
+        return await fn();
+      } catch (e) {
+        if (!(isCacheServerError(e) && e.code === "OBJECT_NOT_FOUND")) this.#errors++;
+        throw e;
+      }
+    });
+  }
+}

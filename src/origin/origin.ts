@@ -1,0 +1,46 @@
+/** @module The `Origin` interface every store (filesystem, S3) implements, and the object metadata it returns. */
+
+/** What the cache needs to know about an object before reading it. */
+export interface ObjectInfo {
+  /** Length in bytes. */
+  readonly size: number;
+  /**
+   * Opaque version (mtime+inode+size on a filesystem, the ETag on S3). It is part of every
+   * block key, so bytes of two versions of one object can never be mixed.
+   */
+  readonly version: string;
+  /** Strong HTTP entity tag derived from the version, quotes included. */
+  readonly etag: string;
+  /** Modification time, for `Last-Modified`. */
+  readonly lastModified: Date;
+}
+
+/** One entry of a listing. */
+export interface ListedObject {
+  readonly key: string;
+  readonly size: number;
+}
+
+/**
+ * A store of objects addressed by validated keys (see `origin/object-key.ts`). Implementations
+ * raise `OriginError` with `OBJECT_NOT_FOUND`, `OBJECT_CHANGED`, `ORIGIN_TIMEOUT` or
+ * `ORIGIN_UNAVAILABLE`.
+ */
+export interface Origin {
+  /** The configured name, as in `/v1/objects/{origin}/...`. */
+  readonly name: string;
+  /**
+   * Size and version of an object.
+   * @throws {OriginError} `OBJECT_NOT_FOUND` when there is no such object
+   */
+  stat(key: string, signal?: AbortSignal): Promise<ObjectInfo>;
+  /**
+   * Fills `dest` with the object's bytes from `offset` on (positional read, never the whole object).
+   * @throws {OriginError} `OBJECT_CHANGED` when the object is no longer at `info.version`
+   */
+  read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array, signal?: AbortSignal): Promise<void>;
+  /** Objects whose key starts with `prefix`, in key order, at most `limit` of them. */
+  list(prefix: string, limit: number): Promise<ListedObject[]>;
+  /** Releases connections and handles. */
+  close(): Promise<void>;
+}

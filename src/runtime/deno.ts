@@ -1,0 +1,53 @@
+/** @module Deno adapter: HTTP via Deno.serve, arguments, environment and signals. */
+
+import type { CliHost } from "../cli/run-cli.ts";
+import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
+
+/**
+ * Serves `fetch` with `Deno.serve`.
+ *
+ * @param fetch the handler
+ * @param addr where to listen
+ * @returns the listener, once bound
+ * @throws {Deno.errors.AddrInUse} when the address is taken
+ */
+export function listenDeno(fetch: FetchHandler, addr: { hostname: string; port: number }): Promise<Listener> {
+  return new Promise((resolve, reject) => {
+    try {
+      const server = Deno.serve({
+        hostname: addr.hostname,
+        port: addr.port,
+        onListen: ({ port }) => {
+          resolve({ url: `http://${hostPort(addr.hostname, port)}`, close: () => server.shutdown() });
+        },
+      }, (req) => fetch(req));
+    } catch (e) {
+      reject(e);
+    }
+  });
+}
+
+/** The CLI host for Deno. */
+export function denoHost(): CliHost {
+  return {
+    args: [...Deno.args],
+    env: Deno.env.toObject(),
+    cwd: Deno.cwd(),
+    readTextFile: (p) => Deno.readTextFileSync(p),
+    listen: listenDeno,
+    now: () => performance.now(),
+    print: (line) => console.log(line),
+    printError: (line) => console.error(line),
+    onShutdown: (handler) => {
+      let fired = false;
+      for (const sig of ["SIGINT", "SIGTERM"] as const) {
+        Deno.addSignalListener(sig, () => {
+          if (fired) Deno.exit(130);
+          fired = true;
+          handler();
+        });
+      }
+    },
+    runtime: `deno ${Deno.version.deno}`,
+  };
+}

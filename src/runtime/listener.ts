@@ -1,0 +1,20 @@
+/** @module The shape both runtime adapters return when they start serving HTTP. */
+
+/** A fetch handler as Hono exposes it; `env` carries runtime-specific bindings (Node's `incoming`). */
+export type FetchHandler = (req: Request, env?: unknown) => Response | Promise<Response>;
+
+/** A listening HTTP server. */
+export interface Listener {
+  /** `http://host:port`, with the port actually bound. */
+  readonly url: string;
+  /** Stops accepting, lets requests in flight finish, then resolves. */
+  close(): Promise<void>;
+}
+
+/** Starts serving `fetch` on an address. */
+export type Listen = (fetch: FetchHandler, addr: { hostname: string; port: number }) => Promise<Listener>;
+
+/** Formats `host:port`, bracketing IPv6 literals. */
+export function hostPort(hostname: string, port: number): string {
+  return hostname.includes(":") ? `[${hostname}]:${port}` : `${hostname}:${port}`;
+}
