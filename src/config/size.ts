@@ -49,10 +49,10 @@ export function parseSize(input: string | number, what: string): number {
   return bytes;
 }
 
-const DURATION_UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000 };
+const DURATION_UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
 
 /**
- * Parses a duration: milliseconds as a number, or text with a unit `ms`, `s` or `m`.
+ * Parses a duration: milliseconds as a number, or text with a unit `ms`, `s`, `m` or `h`.
  *
  * @param input the text or number to parse
  * @param what the flag or field name, used in the error message
@@ -68,9 +68,9 @@ export function parseDuration(input: string | number, what: string): number {
     if (Number.isFinite(input) && input >= 0) return input;
     throw new RangeError(`Invalid ${what}: expected a non-negative number of milliseconds, received ${input}`);
   }
-  const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*$/.exec(input);
+  const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$/.exec(input);
   if (!m) {
-    throw new RangeError(`Invalid ${what}: expected a duration such as 250ms, 2s or 1m, received "${input}"`);
+    throw new RangeError(`Invalid ${what}: expected a duration such as 250ms, 2s, 1m or 1h, received "${input}"`);
   }
   return Number(m[1]) * DURATION_UNITS[m[2] ?? "ms"];
 }

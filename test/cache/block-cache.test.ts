@@ -1,0 +1,235 @@
+import { readdir, readFile, stat, utimes, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { FsOrigin } from "../../src/origin/fs-origin.ts";
+import type { ObjectInfo, Origin } from "../../src/origin/origin.ts";
+import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+
+const KiB = 1024;
+
+let ws: Workspace;
+const running: RunningServer[] = [];
+
+beforeEach(async () => {
+  ws = await makeWorkspace();
+});
+afterEach(async () => {
+  for (const s of running.splice(0)) await s.close();
+  await ws.remove();
+});
+
+async function start(args: string[], makeOrigin?: (root: string) => Origin): Promise<RunningServer> {
+  const s = await startServer(ws, args, makeOrigin ? { makeOrigin: () => makeOrigin(ws.origin) } : {});
+  running.push(s);
+  return s;
+}
+
+async function bytesOf(res: Response): Promise<Uint8Array> {
+  expect(res.ok, `HTTP ${res.status}`).toBe(true);
+  return new Uint8Array(await res.arrayBuffer());
+}
+
+/** An fs origin whose reads at or beyond `holdFromOffset` wait until `release()`. */
+class GatedOrigin extends FsOrigin {
+  reads = 0;
+  #open: Promise<void>;
+  release!: () => void;
+  constructor(root: string, readonly holdFromOffset = 0) {
+    super({ name: "data", root });
+    this.#open = new Promise((r) => (this.release = r));
+  }
+  override async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
+    this.reads++;
+    if (offset >= this.holdFromOffset) await this.#open;
+    return await super.read(key, info, offset, dest);
+  }
+}
+
+describe("single-flight fills", () => {
+  it("serves 100 concurrent requests for one cold block with exactly one origin read", async () => {
+    const body = patternBytes(64 * KiB, 3);
+    await ws.put("one-block.bin", body);
+    let origin!: GatedOrigin;
+    const rf = await start(["--block-bytes", "64KiB", "--part-bytes", "64KiB", "--read-ahead-blocks", "0"], (root) => {
+      origin = new GatedOrigin(root);
+      return origin;
+    });
+    const all = Array.from({ length: 100 }, () => fetch(`${rf.url}/v1/objects/data/one-block.bin`).then(bytesOf));
+    // Let every request reach the cache while the one fill is held at the origin.
+    await waitUntil(async () => (await rf.metric("rackfeed_cache_coalesced_total")) >= 99);
+    origin.release();
+    for (const got of await Promise.all(all)) expectSameBytes(got, body);
+    expect(origin.reads).toBe(1);
+    expect(await rf.metric("rackfeed_origin_requests_total", { origin: "data", op: "read" })).toBe(1);
+    expect(await rf.metric("rackfeed_origin_bytes_total", { origin: "data" })).toBe(64 * KiB);
+    expect(await rf.metric("rackfeed_cache_misses_total")).toBe(1);
+    expect(await rf.metric("rackfeed_cache_coalesced_total")).toBe(99);
+  });
+
+  it("streams the first parts of a block to waiters before the rest of the block has arrived", async () => {
+    const body = patternBytes(64 * KiB, 4);
+    await ws.put("parts.bin", body);
+    let origin!: GatedOrigin;
+    const rf = await start(["--block-bytes", "64KiB", "--part-bytes", "16KiB", "--read-ahead-blocks", "0"], (root) => {
+      origin = new GatedOrigin(root, 16 * KiB); // part 0 flows, parts 1..3 are held
+      return origin;
+    });
+    const res = await fetch(`${rf.url}/v1/objects/data/parts.bin`);
+    expect(res.status).toBe(200);
+    const reader = res.body!.getReader();
+    const first = await reader.read();
+    expect(first.done).toBe(false);
+    expect(first.value!.length).toBeGreaterThan(0);
+    expectSameBytes(first.value!, body.subarray(0, first.value!.length));
+    // The block is still being filled: the origin has not answered parts 1..3 yet.
+    expect(await rf.metric("rackfeed_cache_misses_total")).toBe(1);
+    expect(await rf.metric("rackfeed_origin_bytes_total", { origin: "data" })).toBe(16 * KiB);
+    origin.release();
+    const rest: Uint8Array[] = [first.value!];
+    for (;;) {
+      const r = await reader.read();
+      if (r.done) break;
+      rest.push(r.value);
+    }
+    expectSameBytes(Buffer.concat(rest), body);
+  });
+});
+
+describe("the NVMe tier", () => {
+  const args = ["--block-bytes", "64KiB", "--part-bytes", "64KiB"];
+
+  it("keeps its warm cache across a restart: no origin reads afterwards", async () => {
+    const body = patternBytes(5 * 64 * KiB + 123, 5);
+    await ws.put("warm.bin", body);
+    const a = await start(args);
+    expectSameBytes(await bytesOf(await fetch(`${a.url}/v1/objects/data/warm.bin`)), body);
+    expect(await a.metric("rackfeed_origin_requests_total", { origin: "data", op: "read" })).toBe(6);
+    await running.pop()!.close(); // flushes pending disk writes
+
+    const b = await start(args);
+    expect(await b.metric("rackfeed_cache_blocks", { tier: "disk" })).toBe(6);
+    expectSameBytes(await bytesOf(await fetch(`${b.url}/v1/objects/data/warm.bin`)), body);
+    expect(await b.metric("rackfeed_origin_requests_total", { origin: "data", op: "read" })).toBe(0);
+    expect(await b.metric("rackfeed_origin_bytes_total", { origin: "data" })).toBe(0);
+    expect(await b.metric("rackfeed_cache_hits_total", { tier: "disk" })).toBe(6);
+  });
+
+  it("detects a corrupted block file, never serves it, and refetches the block from the origin", async () => {
+    const body = patternBytes(3 * 64 * KiB, 6);
+    await ws.put("c.bin", body);
+    const a = await start(args);
+    await bytesOf(await fetch(`${a.url}/v1/objects/data/c.bin`));
+    await running.pop()!.close();
+
+    const files = await blockFiles(ws.cache);
+    expect(files.length).toBe(3);
+    // Flip one payload byte near the end of one file (the header stays valid).
+    const victim = files[1];
+    const raw = await readFile(victim);
+    raw[raw.length - 100] ^= 0xff;
+    await writeFile(victim, raw);
+
+    const b = await start(args);
+    expectSameBytes(await bytesOf(await fetch(`${b.url}/v1/objects/data/c.bin`)), body);
+    expect(await b.metric("rackfeed_cache_corrupt_blocks_total")).toBe(1);
+    expect(await b.metric("rackfeed_origin_requests_total", { origin: "data", op: "read" })).toBe(1);
+    expect(await b.metric("rackfeed_cache_hits_total", { tier: "disk" })).toBe(2);
+  });
+
+  it("drops torn block files and stray temporary files at start-up", async () => {
+    await ws.put("t.bin", patternBytes(64 * KiB, 8));
+    const a = await start(args);
+    await bytesOf(await fetch(`${a.url}/v1/objects/data/t.bin`));
+    await running.pop()!.close();
+    const [file] = await blockFiles(ws.cache);
+    await writeFile(file, (await readFile(file)).subarray(0, 30)); // torn inside the header
+    await writeFile(join(ws.cache, "tmp", "leftover.tmp"), "half a block");
+
+    const b = await start(args);
+    expect(await b.metric("rackfeed_cache_blocks", { tier: "disk" })).toBe(0);
+    expect(await b.metric("rackfeed_cache_corrupt_blocks_total")).toBe(1);
+    expect(await readdir(join(ws.cache, "tmp"))).toEqual([]);
+    expectSameBytes(await bytesOf(await fetch(`${b.url}/v1/objects/data/t.bin`)), patternBytes(64 * KiB, 8));
+  });
+
+  it("keeps both tiers within their byte budgets while serving more than fits", async () => {
+    const objects = Array.from({ length: 6 }, (_, i) => patternBytes(512 * KiB, 10 + i)); // 3 MiB in all
+    for (const [i, o] of objects.entries()) await ws.put(`e/${i}.bin`, o);
+    const rf = await start([...args, "--memory-bytes", "1MiB", "--disk-bytes", "2MiB"]);
+    for (let round = 0; round < 2; round++) {
+      for (const [i, o] of objects.entries()) {
+        expectSameBytes(await bytesOf(await fetch(`${rf.url}/v1/objects/data/e/${i}.bin`)), o);
+        expect(await rf.metric("rackfeed_cache_bytes", { tier: "memory" })).toBeLessThanOrEqual(1024 * KiB);
+        expect(await rf.metric("rackfeed_cache_bytes", { tier: "disk" })).toBeLessThanOrEqual(2048 * KiB);
+      }
+    }
+    await rf.server.cache.close(); // let pending writes land before measuring the directory
+    const onDisk = await Promise.all((await blockFiles(ws.cache)).map(async (f) => (await stat(f)).size));
+    expect(onDisk.reduce((a, b) => a + b, 0)).toBeLessThanOrEqual(2048 * KiB);
+    expect(await rf.metric("rackfeed_cache_evictions_total", { tier: "memory" })).toBeGreaterThan(0);
+    expect(await rf.metric("rackfeed_cache_evictions_total", { tier: "disk" })).toBeGreaterThan(0);
+  });
+});
+
+describe("versioning", () => {
+  it("never serves a changed file mixed with blocks of its old version", async () => {
+    const v1 = patternBytes(3 * 64 * KiB, 20);
+    const v2 = patternBytes(3 * 64 * KiB, 21);
+    await ws.put("v.bin", v1);
+    const rf = await start(["--block-bytes", "64KiB", "--part-bytes", "64KiB", "--metadata-ttl", "0"]);
+    // Cache only the first block of v1.
+    const head = await fetch(`${rf.url}/v1/objects/data/v.bin`, { headers: { range: "bytes=0-99" } });
+    expectSameBytes(await bytesOf(head), v1.subarray(0, 100));
+    const etag1 = head.headers.get("etag");
+
+    await ws.put("v.bin", v2); // same size, new content
+    const later = new Date(Date.now() + 60_000);
+    await utimes(join(ws.origin, "v.bin"), later, later); // a new mtime even on coarse clocks
+
+    const res = await fetch(`${rf.url}/v1/objects/data/v.bin`);
+    expect(res.headers.get("etag")).not.toBe(etag1);
+    expectSameBytes(await bytesOf(res), v2);
+  });
+
+  it("fails a read rather than mixing versions when the file changes behind a cached stat", async () => {
+    const v1 = patternBytes(3 * 64 * KiB, 30);
+    const v2 = patternBytes(3 * 64 * KiB, 31);
+    await ws.put("w.bin", v1);
+    const rf = await start(["--block-bytes", "64KiB", "--part-bytes", "64KiB", "--metadata-ttl", "1h", "--read-ahead-blocks", "0"]);
+    expectSameBytes(await bytesOf(await fetch(`${rf.url}/v1/objects/data/w.bin`, { headers: { range: "bytes=0-9" } })), 
+      v1.subarray(0, 10),
+    );
+    await ws.put("w.bin", v2);
+    const later = new Date(Date.now() + 60_000);
+    await utimes(join(ws.origin, "w.bin"), later, later);
+
+    // The stat is still trusted (1 h), block 0 is cached from v1, block 1 must come from the
+    // origin: the origin sees the new version on the open file and refuses.
+    const mixed = await fetch(`${rf.url}/v1/objects/data/w.bin`).then(
+      async (r) => ({ status: r.status, body: new Uint8Array(await r.arrayBuffer()) }),
+      (e: unknown) => ({ status: -1, body: new Uint8Array(0), error: e }),
+    ).catch((e: unknown) => ({ status: -2, body: new Uint8Array(0), error: e }));
+    if (mixed.status === 200) expectSameBytes(mixed.body, v1); // only ever a whole old version
+    else expect(mixed.body.length).toBeLessThan(v1.length);
+    expect(await rf.metric("rackfeed_cache_fill_errors_total")).toBeGreaterThanOrEqual(1);
+
+    // The change invalidated the stat: the next request sees v2, whole.
+    expectSameBytes(await bytesOf(await fetch(`${rf.url}/v1/objects/data/w.bin`)), v2);
+  });
+});
+
+async function blockFiles(cacheDir: string): Promise<string[]> {
+  const out: string[] = [];
+  for (const sub of await readdir(join(cacheDir, "blocks"))) {
+    for (const f of await readdir(join(cacheDir, "blocks", sub))) out.push(join(cacheDir, "blocks", sub, f));
+  }
+  return out.sort();
+}
+
+async function waitUntil(cond: () => Promise<boolean>, ms = 5000): Promise<void> {
+  const t0 = Date.now();
+  while (!(await cond())) {
+    if (Date.now() - t0 > ms) throw new Error(`condition not met within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}

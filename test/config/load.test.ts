@@ -1,0 +1,131 @@
+import { describe, expect, it } from "vitest";
+import { TUNABLES } from "../../src/config/defaults.ts";
+import { ConfigError, loadConfig } from "../../src/config/load.ts";
+import { formatBytes, parseDuration, parseSize } from "../../src/config/size.ts";
+
+function load(args: string[], env: Record<string, string> = {}, files: Record<string, string> = {}) {
+  return loadConfig({
+    args,
+    env,
+    cwd: "/srv",
+    readTextFile: (p) => {
+      if (!(p in files)) throw new Error(`ENOENT: no such file, open '${p}'`);
+      return files[p];
+    },
+  });
+}
+
+function errorOf(fn: () => unknown): ConfigError {
+  try {
+    fn();
+  } catch (e) {
+    expect(e).toBeInstanceOf(ConfigError);
+    return e as ConfigError;
+  }
+  throw new Error("expected a ConfigError, but nothing was thrown");
+}
+
+describe("sizes and durations", () => {
+  it("parses sizes with binary and decimal units", () => {
+    expect(parseSize("512MiB", "x")).toBe(512 * 2 ** 20);
+    expect(parseSize("1GB", "x")).toBe(1e9);
+    expect(parseSize("4096", "x")).toBe(4096);
+    expect(parseSize(" 8 KiB ", "x")).toBe(8192);
+    expect(parseSize("1.5GiB", "x")).toBe(1.5 * 2 ** 30);
+  });
+  it("refuses sizes that are not sizes, naming the flag", () => {
+    for (const bad of ["12 parsecs", "-1MiB", "", "MiB", "0x10"]) {
+      expect(() => parseSize(bad, "--memory-bytes")).toThrow(/--memory-bytes/);
+    }
+  });
+  it("parses durations in ms, s, m and h", () => {
+    expect(parseDuration("250ms", "x")).toBe(250);
+    expect(parseDuration("2s", "x")).toBe(2000);
+    expect(parseDuration("1m", "x")).toBe(60_000);
+    expect(parseDuration("1h", "x")).toBe(3_600_000);
+    expect(() => parseDuration("soon", "--metadata-ttl")).toThrow(/--metadata-ttl.*"soon"/);
+  });
+  it("formats bytes for people", () => {
+    expect(formatBytes(8 * 2 ** 20)).toBe("8 MiB");
+    expect(formatBytes(512)).toBe("512 B");
+  });
+});
+
+describe("loadConfig", () => {
+  it("applies every default from the one defaults table", () => {
+    const c = load([]);
+    expect(c.listen).toEqual({ hostname: "127.0.0.1", port: 8080 });
+    expect(c.blockBytes).toBe(8 * 2 ** 20);
+    expect(c.memoryBytes).toBe(2 ** 30);
+    expect(c.cacheDir).toBe("/srv/.rackfeed-cache");
+    expect(c.readToken).toBeUndefined();
+    expect(Object.keys(TUNABLES).every((k) => k in c)).toBe(true);
+  });
+
+  it("takes flags over environment over config file over defaults", () => {
+    const files = { "/srv/rf.json": JSON.stringify({ memoryBytes: "2GiB", diskBytes: "3GiB", blockBytes: "4MiB" }) };
+    const c = load(
+      ["--config", "rf.json", "--memory-bytes", "512MiB"],
+      { RACKFEED_MEMORY_BYTES: "1GiB", RACKFEED_DISK_BYTES: "5GiB" },
+      files,
+    );
+    expect(c.memoryBytes).toBe(512 * 2 ** 20); // flag
+    expect(c.diskBytes).toBe(5 * 2 ** 30); // env over file
+    expect(c.blockBytes).toBe(4 * 2 ** 20); // file over default
+  });
+
+  it("reads origins from flags and the config file, resolving relative paths and file:// URLs", () => {
+    const files = { "/etc/rf.json": JSON.stringify({ origins: { a: "./data", b: "file:///mnt/nfs/b" } }) };
+    const c = load(["--config", "/etc/rf.json", "--origin", "c=/srv/c"], {}, files);
+    expect(c.origins).toEqual([
+      { name: "a", kind: "fs", root: "/srv/data" },
+      { name: "b", kind: "fs", root: "/mnt/nfs/b" },
+      { name: "c", kind: "fs", root: "/srv/c" },
+    ]);
+  });
+
+  it("parses IPv6 and port-0 listen addresses", () => {
+    expect(load(["--listen", "[::1]:0"]).listen).toEqual({ hostname: "::1", port: 0 });
+    expect(load(["--listen", "0.0.0.0:9000"]).listen).toEqual({ hostname: "0.0.0.0", port: 9000 });
+  });
+
+  const bad: [string[], RegExp][] = [
+    [["--memory-bytes", "lots"], /--memory-bytes.*"lots"/],
+    [["--memory-bytes", "10KiB"], /--memory-bytes.*between/],
+    [["--block-bytes", "1GiB"], /--block-bytes/],
+    [["--part-bytes", "16MiB", "--block-bytes", "8MiB"], /--part-bytes.*exceeds --block-bytes/],
+    [["--origin-concurrency", "0"], /--origin-concurrency.*integer from 1/],
+    [["--origin-concurrency", "2.5"], /--origin-concurrency/],
+    [["--listen", "localhost"], /--listen "localhost".*HOST:PORT/],
+    [["--listen", "127.0.0.1:70000"], /--listen/],
+    [["--origin", "noequals"], /--origin "noequals".*NAME=URL/],
+    [["--origin", "a=relative/but/fine", "--origin", "b@d=/x"], /origin/i],
+    [["--origin", "x=http://example.com/data"], /--origin x/],
+    [["--read-token", "short"], /--read-token.*at least 8/],
+    [["--no-such-flag", "1"], /no-such-flag/],
+    [["--metadata-ttl", "2 weeks"], /--metadata-ttl/],
+  ];
+  for (const [args, message] of bad) {
+    it(`refuses ${args.join(" ")} with a message naming what to fix`, () => {
+      expect(errorOf(() => load(args)).message).toMatch(message);
+    });
+  }
+
+  it("names the environment variable when it is the bad source", () => {
+    expect(errorOf(() => load([], { RACKFEED_BLOCK_BYTES: "huge" })).message).toMatch(/RACKFEED_BLOCK_BYTES/);
+  });
+
+  it("names the config file and field for bad or unknown fields", () => {
+    const files = {
+      "/srv/a.json": JSON.stringify({ memoryBytes: true }),
+      "/srv/b.json": JSON.stringify({ memoryByts: "1GiB" }),
+      "/srv/c.json": "{ not json",
+      "/srv/d.json": "[]",
+    };
+    expect(errorOf(() => load(["--config", "a.json"], {}, files)).message).toMatch(/"memoryBytes" in a\.json/);
+    expect(errorOf(() => load(["--config", "b.json"], {}, files)).message).toMatch(/Unknown field "memoryByts"/);
+    expect(errorOf(() => load(["--config", "c.json"], {}, files)).message).toMatch(/Cannot parse config file \/srv\/c\.json/);
+    expect(errorOf(() => load(["--config", "d.json"], {}, files)).message).toMatch(/expected a JSON object/);
+    expect(errorOf(() => load(["--config", "missing.json"], {}, files)).message).toMatch(/Cannot read config file/);
+  });
+});

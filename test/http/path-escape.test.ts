@@ -1,0 +1,86 @@
+import { symlink, writeFile } from "node:fs/promises";
+import { connect } from "node:net";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+
+const SECRET = "TOP-SECRET-OUTSIDE-THE-ORIGIN";
+
+let ws: Workspace;
+let rf: RunningServer;
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  await writeFile(join(ws.dir, "secret.txt"), SECRET); // a sibling of the origin root
+  await ws.put("sub/inside.txt", "inside");
+  await symlink(join(ws.dir, "secret.txt"), join(ws.origin, "link-out.txt"));
+  await symlink(ws.dir, join(ws.origin, "dir-out"));
+  rf = await startServer(ws);
+});
+afterAll(async () => {
+  await rf.close();
+  await ws.remove();
+});
+
+/** Sends the request target exactly as given (fetch and curl would normalize dot segments). */
+function rawGet(url: string, target: string): Promise<{ status: number; text: string }> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const sock = connect({ host: hostname, port: Number(port) });
+    const chunks: Buffer[] = [];
+    sock.setTimeout(5000, () => sock.destroy(new Error(`no answer to ${target}`)));
+    sock.on("data", (d) => chunks.push(d));
+    sock.on("error", reject);
+    sock.on("close", () => {
+      const text = Buffer.concat(chunks).toString("latin1");
+      resolve({ status: Number(/^HTTP\/1\.[01] (\d{3})/.exec(text)?.[1] ?? 0), text });
+    });
+    sock.write(`GET ${target} HTTP/1.1\r\nHost: ${hostname}\r\nConnection: close\r\n\r\n`);
+  });
+}
+
+describe("object keys cannot escape their origin", () => {
+  it("serves a key inside the origin (the raw client works)", async () => {
+    const res = await rawGet(rf.url, "/v1/objects/data/sub/inside.txt");
+    expect(res.status).toBe(200);
+    expect(res.text).toContain("inside");
+  });
+
+  const attempts = [
+    "/v1/objects/data/../secret.txt",
+    "/v1/objects/data/sub/../../secret.txt",
+    "/v1/objects/data/%2e%2e/secret.txt",
+    "/v1/objects/data/%2E%2E/secret.txt",
+    "/v1/objects/data/.%2e/secret.txt",
+    "/v1/objects/data/sub/%2e%2e%2f%2e%2e%2fsecret.txt",
+    "/v1/objects/data/..%2fsecret.txt",
+    "/v1/objects/data/%2fetc%2fpasswd",
+    "/v1/objects/data//etc/passwd",
+    "/v1/objects/data/sub%5c..%5c..%5csecret.txt",
+    "/v1/objects/data/secret.txt%00.bin",
+    "/v1/objects/data/./sub/inside.txt",
+    "/v1/objects/data/%252e%252e/secret.txt",
+  ];
+  for (const target of attempts) {
+    it(`refuses ${target} with a 4xx and never sends the outside file`, async () => {
+      const res = await rawGet(rf.url, target);
+      expect(res.status, res.text).toBeGreaterThanOrEqual(400);
+      expect(res.status, res.text).toBeLessThan(500);
+      expect(res.text).not.toContain(SECRET);
+    });
+  }
+
+  it("answers dot segments and encoded separators with 400 and a message naming the segment", async () => {
+    const res = await rawGet(rf.url, "/v1/objects/data/%2e%2e/secret.txt");
+    expect(res.status).toBe(400);
+    expect(res.text).toContain("%2e%2e");
+  });
+
+  it("does not follow a symlink that leads outside the origin root", async () => {
+    for (const target of ["/v1/objects/data/link-out.txt", "/v1/objects/data/dir-out/secret.txt"]) {
+      const res = await rawGet(rf.url, target);
+      expect(res.status, target).toBe(404);
+      expect(res.text).not.toContain(SECRET);
+    }
+  });
+});
