@@ -88,6 +88,7 @@ export function loadConfig(src: ConfigSources): Config {
   }
 
   const values: Record<string, unknown> = {};
+  const fromDefault = new Set<string>();
   for (const [key, t] of Object.entries(TUNABLES) as [TunableKey, (typeof TUNABLES)[TunableKey]][]) {
     const candidates: [unknown, string][] = [
       [flags[t.flag.slice(2)], t.flag],
@@ -101,6 +102,7 @@ export function loadConfig(src: ConfigSources): Config {
       continue;
     }
     const [raw, what] = hit;
+    if (hit === candidates[3]) fromDefault.add(key);
     if (typeof raw !== "string" && typeof raw !== "number") {
       throw new ConfigError(`Invalid ${what}: expected a string or number, received ${JSON.stringify(raw)}`);
     }
@@ -129,6 +131,8 @@ export function loadConfig(src: ConfigSources): Config {
     origins.set(name, parseOrigin(name, spec.slice(eq + 1), `--origin ${name}`, src.cwd));
   }
 
+  // A default part size never exceeds a block the user made smaller; an explicit one must fit.
+  if (fromDefault.has("partBytes")) values.partBytes = Math.min(values.partBytes as number, values.blockBytes as number);
   if ((values.partBytes as number) > (values.blockBytes as number)) {
     throw new ConfigError(
       `Invalid --part-bytes: ${values.partBytes} exceeds --block-bytes ${values.blockBytes}; a part is a piece of a block`,

@@ -129,3 +129,10 @@ describe("loadConfig", () => {
     expect(errorOf(() => load(["--config", "missing.json"], {}, files)).message).toMatch(/Cannot read config file/);
   });
 });
+
+describe("loadConfig part size", () => {
+  it("shrinks the default part size to a smaller block size, but refuses an explicit part larger than a block", () => {
+    expect(load(["--block-bytes", "64KiB"]).partBytes).toBe(65536);
+    expect(() => load(["--block-bytes", "64KiB", "--part-bytes", "1MiB"])).toThrow(/--part-bytes/);
+  });
+});

@@ -1,6 +1,7 @@
 /** @module Test fixtures: a real rackfeed server on 127.0.0.1:0 over a temporary origin and cache directory. */
 
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { loadConfig } from "../../src/config/load.ts";
@@ -121,3 +122,21 @@ export function expectSameBytes(got: Uint8Array, want: Uint8Array, what = "bytes
   while (got[i] === want[i]) i++;
   throw new Error(`${what}: first difference at offset ${i}: ${got[i]}, expected ${want[i]}`);
 }
+
+/** Sends the request target exactly as given (fetch and curl would normalize dot segments). */
+export function rawGet(url: string, target: string): Promise<{ status: number; text: string }> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const sock = connect({ host: hostname, port: Number(port) });
+    const chunks: Buffer[] = [];
+    sock.setTimeout(5000, () => sock.destroy(new Error(`no answer to ${target}`)));
+    sock.on("data", (d) => chunks.push(d));
+    sock.on("error", reject);
+    sock.on("close", () => {
+      const text = Buffer.concat(chunks).toString("latin1");
+      resolve({ status: Number(/^HTTP\/1\.[01] (\d{3})/.exec(text)?.[1] ?? 0), text });
+    });
+    sock.write(`GET ${target} HTTP/1.1\r\nHost: ${hostname}\r\nConnection: close\r\n\r\n`);
+  });
+}
+

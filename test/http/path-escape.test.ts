@@ -1,8 +1,7 @@
 import { symlink, writeFile } from "node:fs/promises";
-import { connect } from "node:net";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { makeWorkspace, rawGet, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 
 const SECRET = "TOP-SECRET-OUTSIDE-THE-ORIGIN";
 
@@ -21,23 +20,6 @@ afterAll(async () => {
   await rf.close();
   await ws.remove();
 });
-
-/** Sends the request target exactly as given (fetch and curl would normalize dot segments). */
-function rawGet(url: string, target: string): Promise<{ status: number; text: string }> {
-  const { hostname, port } = new URL(url);
-  return new Promise((resolve, reject) => {
-    const sock = connect({ host: hostname, port: Number(port) });
-    const chunks: Buffer[] = [];
-    sock.setTimeout(5000, () => sock.destroy(new Error(`no answer to ${target}`)));
-    sock.on("data", (d) => chunks.push(d));
-    sock.on("error", reject);
-    sock.on("close", () => {
-      const text = Buffer.concat(chunks).toString("latin1");
-      resolve({ status: Number(/^HTTP\/1\.[01] (\d{3})/.exec(text)?.[1] ?? 0), text });
-    });
-    sock.write(`GET ${target} HTTP/1.1\r\nHost: ${hostname}\r\nConnection: close\r\n\r\n`);
-  });
-}
 
 describe("object keys cannot escape their origin", () => {
   it("serves a key inside the origin (the raw client works)", async () => {

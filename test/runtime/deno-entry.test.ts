@@ -1,0 +1,44 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expectSameBytes, makeWorkspace, rawGet, patternBytes, type Workspace } from "../helpers/rackfeed.ts";
+import { type ChildServer, DENO, ROOT, startChild } from "../helpers/spawn.ts";
+
+const body = patternBytes(3 * 65536 + 77, 9);
+let ws: Workspace;
+let deno: ChildServer;
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  await ws.put("shard.bin", body);
+  deno = await startChild(DENO, [
+    "run", "-A", `${ROOT}src/main.ts`, "serve",
+    "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`, "--cache-dir", ws.cache, "--block-bytes", "64KiB",
+  ]);
+}, 120_000);
+afterAll(async () => {
+  await deno?.stop();
+  await ws.remove();
+});
+
+describe("the Deno entry point (deno run -A src/main.ts serve)", () => {
+  it("says it runs on Deno", () => {
+    expect(deno.output()).toMatch(/rackfeed \(deno [\d.]+\) listening on/);
+  });
+
+  it("serves a range that spans blocks", async () => {
+    const res = await fetch(`${deno.url}/v1/objects/data/shard.bin`, { headers: { range: "bytes=65530-131080" } });
+    expect(res.status).toBe(206);
+    expect(res.headers.get("content-range")).toBe(`bytes 65530-131080/${body.length}`);
+    expectSameBytes(new Uint8Array(await res.arrayBuffer()), body.subarray(65530, 131081));
+  });
+
+  it("refuses an encoded dot-dot key with 400", async () => {
+    // A raw request: fetch would resolve %2e%2e as a dot segment before sending it.
+    const res = await rawGet(deno.url, "/v1/objects/data/%2e%2e/secret");
+    expect(res.status).toBe(400);
+  });
+
+  it("exposes /metrics with origin traffic", async () => {
+    const text = await (await fetch(`${deno.url}/metrics`)).text();
+    expect(text).toMatch(/rackfeed_origin_requests_total\{origin="data",op="read"\} [1-9]/);
+  });
+});
