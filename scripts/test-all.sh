@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The one test command (`npm test`): type check, every vitest suite, the Deno.test suite, and
+# one closing line that sums them all: `N passed, N failed, N skipped`. Exits non-zero when
+# anything failed or a suite could not run at all.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+[ -d node_modules ] || npm install --no-audit --no-fund
+
+OUT=.test-tmp
+mkdir -p "$OUT"
+rm -f "$OUT/vitest.json" "$OUT/deno.txt"
+status=0
+passed=0 failed=0 skipped=0
+
+echo "== type check (tsc)"
+if ! node_modules/.bin/tsc --noEmit -p tsconfig.json; then
+  echo "type check failed"; failed=$((failed + 1)); status=1
+fi
+
+echo "== vitest"
+node_modules/.bin/vitest run --reporter=default --reporter=json --outputFile.json="$OUT/vitest.json" "$@" || status=1
+if [ -s "$OUT/vitest.json" ]; then
+  read -r p f s < <(node -e '
+    const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    // A file that fails to load has no tests; count it as a failure so it cannot hide.
+    const broken = r.testResults.filter((t) => t.status === "failed" && t.assertionResults.length === 0).length;
+    console.log(r.numPassedTests, r.numFailedTests + broken, r.numPendingTests + r.numTodoTests);
+  ' "$OUT/vitest.json")
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
+else
+  echo "vitest produced no report"; failed=$((failed + 1)); status=1
+fi
+
+echo "== deno test"
+NO_COLOR=1 DENO_NO_UPDATE_CHECK=1 node_modules/.bin/deno test -A test/runtime/deno/ 2>&1 | tee "$OUT/deno.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+summary=$(grep -E '^(ok|FAILED) \| [0-9]+ passed' "$OUT/deno.txt" | tail -1)
+if [ -n "$summary" ]; then
+  p=$(sed -E 's/.*\| ([0-9]+) passed.*/\1/' <<<"$summary")
+  f=$(sed -E 's/.*\| ([0-9]+) failed.*/\1/' <<<"$summary")
+  i=$(grep -oE '[0-9]+ ignored' <<<"$summary" | grep -oE '[0-9]+' || echo 0)
+  passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + i))
+else
+  echo "deno test produced no summary"; failed=$((failed + 1)); status=1
+fi
+
+[ "$failed" -eq 0 ] || status=1
+echo "$passed passed, $failed failed, $skipped skipped"
+exit "$status"
