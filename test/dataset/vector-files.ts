@@ -5,9 +5,12 @@ import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { join } from "node:path";
 
-/** Folder of the shared vectors: `$MEGATRON_VECTORS`, else `../shared/vectors/megatron` beside the repository. */
+/**
+ * Folder of the Megatron vectors: `$MEGATRON_VECTORS`, else the copy in `test/vectors/megatron`
+ * (vendored from the project's shared vectors so a fresh clone tests without `../shared`).
+ */
 export const VECTOR_DIR: string = process.env.MEGATRON_VECTORS ??
-  fileURLToPath(new URL("../../../shared/vectors/megatron/", import.meta.url));
+  fileURLToPath(new URL("../vectors/megatron/", import.meta.url));
 
 /**
  * Reads a vector file as bytes.
