@@ -1,11 +1,14 @@
 /** @module `createApp(deps)`: the Hono app built from injected parts; what tests drive with `app.request()`. */
 
 import { Hono } from "hono";
+import type { DatasetCatalog } from "./batch/dataset-catalog.ts";
+import type { ReadAhead } from "./batch/read-ahead.ts";
 import type { BlockCache } from "./cache/block-cache.ts";
 import { CacheServerError } from "./errors.ts";
 import { errorHandler } from "./http/error-handler.ts";
 import { bearerAuth } from "./http/middleware/bearer-auth.ts";
 import { rejectDotSegments } from "./http/middleware/reject-dot-segments.ts";
+import { datasetRoutes } from "./http/routes/datasets.ts";
 import { operationalRoutes } from "./http/routes/health.ts";
 import { objectRoutes } from "./http/routes/objects.ts";
 import type { ServedBytes } from "./http/served-bytes.ts";
@@ -18,8 +21,15 @@ export interface AppDeps {
   readonly cache: BlockCache;
   readonly metrics: Metrics;
   readonly served: ServedBytes;
+  readonly datasets: DatasetCatalog;
+  readonly readAhead: ReadAhead;
   /** Token for read routes; undefined leaves them open. */
   readonly readToken: string | undefined;
+  /** Token for admin routes; undefined closes them. */
+  readonly adminToken: string | undefined;
+  /** Largest samples/batch body. */
+  readonly maxBatchBytes: number;
+  readonly now: () => number;
   /** Reports unexpected errors. */
   readonly log: (message: string, err?: unknown) => void;
 }
@@ -40,9 +50,19 @@ export function createApp(deps: AppDeps): Hono {
   app.onError(errorHandler(deps.log));
   app.notFound((c) => c.json({ error: "NOT_FOUND", message: `No route for ${c.req.method} ${c.req.path}` }, 404));
   app.use("*", rejectDotSegments());
-  app.use("/v1/*", bearerAuth({ token: deps.readToken, required: false, role: "read" }));
+  app.use("/v1/*", bearerAuth({ token: deps.readToken, required: false, role: "read", alsoAccept: deps.adminToken }));
   operationalRoutes(app, { metrics: deps.metrics, originNames: [...deps.origins.keys()] });
   objectRoutes(app, { origins: deps.origins, cache: deps.cache, served: deps.served });
+  datasetRoutes(app, {
+    catalog: deps.datasets,
+    cache: deps.cache,
+    readAhead: deps.readAhead,
+    served: deps.served,
+    adminToken: deps.adminToken,
+    maxBatchBytes: deps.maxBatchBytes,
+    now: deps.now,
+    onBatch: (s, hit) => deps.metrics.batchSeconds.observe({ cache: hit ? "hit" : "miss" }, s),
+  });
   app.all("/v1/objects/*", () => {
     throw new CacheServerError("BAD_REQUEST", "Objects are read-only: use GET or HEAD");
   });

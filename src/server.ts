@@ -2,6 +2,8 @@
 
 import type { Hono } from "hono";
 import { createApp } from "./app.ts";
+import { DatasetCatalog } from "./batch/dataset-catalog.ts";
+import { ReadAhead } from "./batch/read-ahead.ts";
 import { BlockCache } from "./cache/block-cache.ts";
 import { DiskTier } from "./cache/disk-tier.ts";
 import { MemoryTier } from "./cache/memory-tier.ts";
@@ -9,6 +11,7 @@ import type { Config } from "./config/load.ts";
 import { ServedBytes } from "./http/served-bytes.ts";
 import { Metrics } from "./metrics/prometheus.ts";
 import { FsOrigin } from "./origin/fs-origin.ts";
+import { S3Origin } from "./origin/s3-origin.ts";
 import { OriginGateway } from "./origin/origin-gateway.ts";
 import type { Origin } from "./origin/origin.ts";
 
@@ -20,6 +23,7 @@ export interface RackfeedServer {
   readonly cache: BlockCache;
   readonly origins: ReadonlyMap<string, OriginGateway>;
   readonly metrics: Metrics;
+  readonly datasets: DatasetCatalog;
   /** Waits for fills and disk writes in flight, then closes origins. */
   close(): Promise<void>;
 }
@@ -49,7 +53,7 @@ export interface ServerEnv {
  * ```
  */
 export async function createServer(config: Config, env: ServerEnv): Promise<RackfeedServer> {
-  const makeOrigin = env.makeOrigin ?? defaultOrigin;
+  const makeOrigin = env.makeOrigin ?? ((spec: Config["origins"][number]) => defaultOrigin(spec, config));
   const origins = new Map<string, OriginGateway>();
   for (const spec of config.origins) {
     origins.set(
@@ -80,20 +84,59 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     onFill: (s, source) => metrics?.fillSeconds.observe({ source }, s),
   });
   const served = new ServedBytes();
+  const datasets = new DatasetCatalog({
+    origins,
+    cache,
+    maxDatasets: MAX_DATASETS,
+    maxIndexBytes: config.maxIndexBytes,
+    now: env.now,
+  });
+  const readAhead = new ReadAhead({
+    cache,
+    now: env.now,
+    budgetSeconds: config.readAheadSeconds / 1000,
+    maxSteps: config.readAheadMaxSteps,
+    // Look-ahead beyond half the memory tier would evict the blocks it just fetched.
+    maxBytesPerConsumer: Math.max(config.blockBytes, Math.floor(config.memoryBytes / 2)),
+    maxConsumers: 4096,
+  });
   metrics = new Metrics({
+    lookahead: () => readAhead.lookahead(),
+    readAheadBlocks: () => readAhead.blocksWarmed,
     cache: () => cache.stats(),
     memory: () => memory.stats(),
     disk: () => disk.stats(),
     origins: () => [...origins.values()].map((o) => o.stats()),
     served: () => served.stats(),
   });
-  const app = createApp({ origins, cache, metrics, served, readToken: config.readToken, log: env.log });
+  for (const d of config.datasets) {
+    try {
+      await datasets.register(d.name, d.body);
+    } catch (e) {
+      await cache.close();
+      throw new DatasetStartupError(`Cannot register dataset "${d.name}" (${d.source}): ${(e as Error).message}`, { cause: e });
+    }
+  }
+  const app = createApp({
+    origins,
+    cache,
+    metrics,
+    served,
+    datasets,
+    readAhead,
+    readToken: config.readToken,
+    adminToken: config.adminToken,
+    maxBatchBytes: config.maxBatchBytes,
+    now: env.now,
+    log: env.log,
+  });
   return {
     app,
     fetch: app.fetch,
     cache,
     origins,
     metrics,
+    datasets,
     async close() {
       await cache.close();
       await Promise.all([...origins.values()].map((o) => o.origin.close()));
@@ -101,7 +144,36 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
   };
 }
 
-function defaultOrigin(spec: Config["origins"][number]): Origin {
+/** Most datasets registered at once. */
+const MAX_DATASETS = 256;
+
+/** A dataset named in the configuration could not be registered; the CLI exits 2 with its message. */
+export class DatasetStartupError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "DatasetStartupError";
+  }
+}
+
+/**
+ * Builds the origin a spec names, with the fault policy of the configuration.
+ *
+ * @param spec the origin's spec
+ * @param config timeouts, retries, hedging and the concurrency that sizes connection pools
+ * @returns the origin
+ */
+export function defaultOrigin(spec: Config["origins"][number], config: Config): Origin {
   if (spec.kind === "fs") return new FsOrigin({ name: spec.name, root: spec.root });
-  throw new RangeError(`Cannot create origin "${spec.name}": ${spec.kind} origins are not available in this build`);
+  return new S3Origin({
+    name: spec.name,
+    bucket: spec.bucket,
+    prefix: spec.prefix,
+    endpoint: spec.endpoint,
+    region: spec.region,
+    forcePathStyle: spec.forcePathStyle,
+    concurrency: config.originConcurrency,
+    timeoutMs: config.originTimeout,
+    retry: { retries: config.originRetries, baseMs: config.originBackoff, capMs: config.originBackoffMax },
+    hedgeFactor: config.originHedge,
+  });
 }

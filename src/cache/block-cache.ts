@@ -144,6 +144,25 @@ export class BlockCache {
     return got instanceof Uint8Array ? got : await got.done;
   }
 
+  /**
+   * Starts filling block `index` unless it is in memory or already in flight (read-ahead).
+   * Not counted as a lookup; a failed warm fill is counted in `fillErrors` and forgotten.
+   *
+   * @returns true when a fill was started
+   */
+  warm(gw: OriginGateway, key: string, info: ObjectInfo, index: number): boolean {
+    const k = this.blockKey(gw.name, key, info.version, index);
+    if (this.#memory.has(k) || this.#flights.has(k)) return false;
+    const fill = this.#lookup(gw, key, info, index, true);
+    if (!(fill instanceof Uint8Array)) fill.done.catch(() => {});
+    return true;
+  }
+
+  /** True when block `index` of this object version is in the memory tier (no recency update). */
+  inMemory(gw: OriginGateway, key: string, info: ObjectInfo, index: number): boolean {
+    return this.#memory.has(this.blockKey(gw.name, key, info.version, index));
+  }
+
   /** The cache key of a block. Newlines cannot occur in keys, so the fields cannot run together. */
   blockKey(origin: string, key: string, version: string, index: number): string {
     return `${origin}\n${key}\n${version}\n${this.#blockBytes}\n${index}`;

@@ -4,7 +4,7 @@ import { ConfigError, loadConfig } from "../config/load.ts";
 import { TUNABLES } from "../config/defaults.ts";
 import { ensureDemoDataset } from "../demo/demo-dataset.ts";
 import type { Listen } from "../runtime/listener.ts";
-import { createServer } from "../server.ts";
+import { createServer, DatasetStartupError } from "../server.ts";
 
 /** What the CLI needs from the runtime it runs on (built in `runtime/deno.ts` or `runtime/node.ts`). */
 export interface CliHost {
@@ -84,7 +84,16 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
     return 2;
   }
   const log = (m: string, err?: unknown) => host.printError(err === undefined ? m : `${m}: ${describe(err)}`);
-  const server = await createServer(config, { now: host.now, log });
+  let server;
+  try {
+    server = await createServer(config, { now: host.now, log });
+  } catch (e) {
+    if (e instanceof DatasetStartupError) {
+      host.printError(`rackfeed: ${e.message}`);
+      return 2;
+    }
+    throw e;
+  }
   let listener;
   try {
     listener = await host.listen(server.fetch, config.listen);

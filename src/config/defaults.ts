@@ -53,6 +53,25 @@ function durationIn(maxMs: number): Parser<number> {
   };
 }
 
+function positiveDurationIn(maxMs: number): Parser<number> {
+  const inner = durationIn(maxMs);
+  return (raw, what) => {
+    const v = inner(raw, what);
+    if (v <= 0) throw new RangeError(`Invalid ${what}: expected a duration above 0, received "${raw}"`);
+    return v;
+  };
+}
+
+function factor(min: number, max: number): Parser<number> {
+  return (raw, what) => {
+    const v = typeof raw === "number" ? raw : Number(String(raw).trim());
+    if (!Number.isFinite(v) || (v !== 0 && (v < min || v > max))) {
+      throw new RangeError(`Invalid ${what}: expected 0 (off) or a number from ${min} to ${max}, received "${raw}"`);
+    }
+    return v;
+  };
+}
+
 const text: Parser<string> = (raw, what) => {
   const v = String(raw);
   if (v.length === 0) throw new RangeError(`Invalid ${what}: expected a non-empty value`);
@@ -144,6 +163,46 @@ export const TUNABLES = {
     parse: intIn(0, 64),
     doc: "Blocks fetched ahead of the one being sent while streaming a long range",
   } as Tunable<number>,
+  originTimeout: {
+    key: "originTimeout",
+    flag: "--origin-timeout",
+    env: "RACKFEED_ORIGIN_TIMEOUT",
+    default: "5s",
+    parse: positiveDurationIn(600_000),
+    doc: "S3: a request that gets no answer or body bytes for this long is abandoned and retried",
+  } as Tunable<number>,
+  originRetries: {
+    key: "originRetries",
+    flag: "--origin-retries",
+    env: "RACKFEED_ORIGIN_RETRIES",
+    default: "4",
+    parse: intIn(0, 20),
+    doc: "S3: retries of a failed request (5xx, SlowDown, throttling, timeout, reset) before the client gets 502/504",
+  } as Tunable<number>,
+  originBackoff: {
+    key: "originBackoff",
+    flag: "--origin-backoff",
+    env: "RACKFEED_ORIGIN_BACKOFF",
+    default: "50ms",
+    parse: durationIn(60_000),
+    doc: "S3: backoff ceiling before the first retry; doubles per retry, full jitter",
+  } as Tunable<number>,
+  originBackoffMax: {
+    key: "originBackoffMax",
+    flag: "--origin-backoff-max",
+    env: "RACKFEED_ORIGIN_BACKOFF_MAX",
+    default: "2s",
+    parse: durationIn(600_000),
+    doc: "S3: cap of the backoff between retries",
+  } as Tunable<number>,
+  originHedge: {
+    key: "originHedge",
+    flag: "--origin-hedge",
+    env: "RACKFEED_ORIGIN_HEDGE",
+    default: "3",
+    parse: factor(1.1, 100),
+    doc: "S3: send a second GET for a part still running after this many times the median part time; 0 = never",
+  } as Tunable<number>,
   metadataTtl: {
     key: "metadataTtl",
     flag: "--metadata-ttl",
@@ -159,6 +218,38 @@ export const TUNABLES = {
     default: "8",
     parse: intIn(0, 1024),
     doc: "Filled blocks waiting to be written to the NVMe tier; beyond it a block stays memory-only",
+  } as Tunable<number>,
+  readAheadSeconds: {
+    key: "readAheadSeconds",
+    flag: "--read-ahead-seconds",
+    env: "RACKFEED_READ_AHEAD_SECONDS",
+    default: "2s",
+    parse: durationIn(600_000),
+    doc: "Dataset read-ahead: seconds of each consumer's consumption (at its observed step rate) fetched ahead; 0 turns it off",
+  } as Tunable<number>,
+  readAheadMaxSteps: {
+    key: "readAheadMaxSteps",
+    flag: "--read-ahead-max-steps",
+    env: "RACKFEED_READ_AHEAD_MAX_STEPS",
+    default: "64",
+    parse: intIn(1, 100_000),
+    doc: "Dataset read-ahead: most steps fetched ahead per consumer, whatever its step rate",
+  } as Tunable<number>,
+  maxBatchBytes: {
+    key: "maxBatchBytes",
+    flag: "--max-batch-bytes",
+    env: "RACKFEED_MAX_BATCH_BYTES",
+    default: "256MiB",
+    parse: sizeIn(4096, 16 * 2 ** 30),
+    doc: "Largest samples/batch response body; larger requests get 400",
+  } as Tunable<number>,
+  maxIndexBytes: {
+    key: "maxIndexBytes",
+    flag: "--max-index-bytes",
+    env: "RACKFEED_MAX_INDEX_BYTES",
+    default: "4GiB",
+    parse: sizeIn(4096, TiB),
+    doc: "Largest Megatron .idx file accepted (it is held in memory while its dataset is registered)",
   } as Tunable<number>,
   readToken: {
     key: "readToken",

@@ -6,7 +6,19 @@ import { TUNABLES, type TunableKey } from "./defaults.ts";
 /** Where an origin's objects live. */
 export type OriginSpec =
   | { readonly name: string; readonly kind: "fs"; readonly root: string }
-  | { readonly name: string; readonly kind: "s3"; readonly bucket: string; readonly prefix: string };
+  | {
+    readonly name: string;
+    readonly kind: "s3";
+    readonly bucket: string;
+    /** "" or ending in "/". */
+    readonly prefix: string;
+    /** Unset: the AWS SDK chain (`AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, profile). */
+    readonly endpoint?: string;
+    /** Unset: the AWS SDK chain (`AWS_REGION`, profile); `us-east-1` when an endpoint is set. */
+    readonly region?: string;
+    /** Path-style addressing; unset: true when an endpoint is set. */
+    readonly forcePathStyle?: boolean;
+  };
 
 /** The validated configuration of `rackfeed serve`. Built once; bad input fails here, never per request. */
 export interface Config {
@@ -20,10 +32,29 @@ export interface Config {
   readonly originQueue: number;
   readonly readAheadBlocks: number;
   readonly metadataTtl: number;
+  readonly originTimeout: number;
+  readonly originRetries: number;
+  readonly originBackoff: number;
+  readonly originBackoffMax: number;
+  readonly originHedge: number;
   readonly diskWriteQueue: number;
+  readonly readAheadSeconds: number;
+  readonly readAheadMaxSteps: number;
+  readonly maxBatchBytes: number;
+  readonly maxIndexBytes: number;
   readonly readToken: string | undefined;
   readonly adminToken: string | undefined;
   readonly origins: readonly OriginSpec[];
+  /** Datasets registered at start-up (`--dataset NAME=FILE.json`, `"datasets"` in the config file). */
+  readonly datasets: readonly DatasetSpec[];
+}
+
+/** A dataset to register at start-up: its name, registration body and where it came from. */
+export interface DatasetSpec {
+  readonly name: string;
+  readonly body: unknown;
+  /** The flag or config field, for error messages. */
+  readonly source: string;
 }
 
 /** What `loadConfig` needs from its surroundings (injected, so tests need no real process). */
@@ -63,6 +94,7 @@ export function loadConfig(src: ConfigSources): Config {
   const options: Record<string, { type: "string"; multiple?: boolean }> = {
     config: { type: "string" },
     origin: { type: "string", multiple: true },
+    dataset: { type: "string", multiple: true },
   };
   for (const t of Object.values(TUNABLES)) options[t.flag.slice(2)] = { type: "string" };
   let parsed;
@@ -78,7 +110,7 @@ export function loadConfig(src: ConfigSources): Config {
   let file: Record<string, unknown> = {};
   const configPath = (flags.config as string | undefined) ?? src.env.RACKFEED_CONFIG;
   if (configPath !== undefined) file = readConfigFile(resolvePath(configPath, src.cwd), src.readTextFile);
-  const known = new Set<string>([...Object.keys(TUNABLES), "origins"]);
+  const known = new Set<string>([...Object.keys(TUNABLES), "origins", "datasets"]);
   for (const k of Object.keys(file)) {
     if (!known.has(k)) {
       throw new ConfigError(
@@ -118,17 +150,44 @@ export function loadConfig(src: ConfigSources): Config {
   if (typeof fileOrigins !== "object" || fileOrigins === null || Array.isArray(fileOrigins)) {
     throw new ConfigError(`Invalid "origins" in ${configPath}: expected an object of NAME: URL`);
   }
-  for (const [name, url] of Object.entries(fileOrigins as Record<string, unknown>)) {
-    if (typeof url !== "string") {
-      throw new ConfigError(`Invalid "origins.${name}" in ${configPath}: expected a URL string`);
+  for (const [name, entry] of Object.entries(fileOrigins as Record<string, unknown>)) {
+    const what = `"origins.${name}" in ${configPath}`;
+    if (typeof entry === "string") {
+      origins.set(name, parseOrigin(name, entry, what, src.cwd, src.env));
+    } else if (typeof entry === "object" && entry !== null && !Array.isArray(entry)) {
+      origins.set(name, parseOriginObject(name, entry as Record<string, unknown>, what, src.cwd, src.env));
+    } else {
+      throw new ConfigError(
+        `Invalid ${what}: expected a URL string or {"url": "s3://bucket/prefix", "endpoint", "region", "forcePathStyle"}`,
+      );
     }
-    origins.set(name, parseOrigin(name, url, `"origins.${name}" in ${configPath}`, src.cwd));
   }
   for (const spec of (flags.origin as string[] | undefined) ?? []) {
     const eq = spec.indexOf("=");
     if (eq <= 0) throw new ConfigError(`Invalid --origin "${spec}": expected NAME=URL, e.g. data=/srv/datasets`);
     const name = spec.slice(0, eq);
-    origins.set(name, parseOrigin(name, spec.slice(eq + 1), `--origin ${name}`, src.cwd));
+    origins.set(name, parseOrigin(name, spec.slice(eq + 1), `--origin ${name}`, src.cwd, src.env));
+  }
+
+  const datasets = new Map<string, DatasetSpec>();
+  const fileDatasets = file.datasets ?? {};
+  if (typeof fileDatasets !== "object" || fileDatasets === null || Array.isArray(fileDatasets)) {
+    throw new ConfigError(`Invalid "datasets" in ${configPath}: expected an object of NAME: registration (or NAME: "file.json")`);
+  }
+  for (const [name, body] of Object.entries(fileDatasets as Record<string, unknown>)) {
+    const what = `"datasets.${name}" in ${configPath}`;
+    datasets.set(name, {
+      name,
+      body: typeof body === "string" ? readJsonFile(resolvePath(body, src.cwd), src.readTextFile, what) : body,
+      source: what,
+    });
+  }
+  for (const spec of (flags.dataset as string[] | undefined) ?? []) {
+    const eq = spec.indexOf("=");
+    if (eq <= 0) throw new ConfigError(`Invalid --dataset "${spec}": expected NAME=FILE.json, e.g. pile=/etc/rackfeed/pile.json`);
+    const name = spec.slice(0, eq);
+    const what = `--dataset ${name}`;
+    datasets.set(name, { name, body: readJsonFile(resolvePath(spec.slice(eq + 1), src.cwd), src.readTextFile, what), source: what });
   }
 
   // A default part size never exceeds a block the user made smaller; an explicit one must fit.
@@ -145,11 +204,26 @@ export function loadConfig(src: ConfigSources): Config {
   }
 
   return Object.freeze({
-    ...(values as Omit<Config, "listen" | "origins" | "cacheDir">),
+    ...(values as Omit<Config, "listen" | "origins" | "cacheDir" | "datasets">),
     listen: Object.freeze(parseListen(values.listen as string)),
     cacheDir: resolvePath(values.cacheDir as string, src.cwd),
     origins: Object.freeze([...origins.values()]),
+    datasets: Object.freeze([...datasets.values()]),
   });
+}
+
+function readJsonFile(path: string, read: (p: string) => string, what: string): unknown {
+  let text: string;
+  try {
+    text = read(path);
+  } catch (e) {
+    throw new ConfigError(`Invalid ${what}: cannot read ${path}: ${(e as Error).message}`, { cause: e });
+  }
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw new ConfigError(`Invalid ${what}: ${path} is not JSON: ${(e as Error).message}`, { cause: e });
+  }
 }
 
 function readConfigFile(path: string, read: (p: string) => string): Record<string, unknown> {
@@ -187,7 +261,51 @@ export function parseListen(text: string): { hostname: string; port: number } {
   return { hostname: m[1] ?? (m[2] || "127.0.0.1"), port };
 }
 
-function parseOrigin(name: string, url: string, what: string, cwd: string): OriginSpec {
+/** Per-origin overrides an S3 origin accepts in the config file. */
+const S3_FIELDS = new Set(["url", "endpoint", "region", "forcePathStyle"]);
+
+function parseOriginObject(
+  name: string,
+  entry: Record<string, unknown>,
+  what: string,
+  cwd: string,
+  env: Readonly<Record<string, string | undefined>>,
+): OriginSpec {
+  for (const k of Object.keys(entry)) {
+    if (!S3_FIELDS.has(k)) throw new ConfigError(`Unknown field "${k}" in ${what}; expected one of: ${[...S3_FIELDS].join(", ")}`);
+  }
+  if (typeof entry.url !== "string") throw new ConfigError(`Invalid ${what}: "url" must be a string`);
+  for (const k of ["endpoint", "region"]) {
+    if (entry[k] !== undefined && (typeof entry[k] !== "string" || entry[k] === "")) {
+      throw new ConfigError(`Invalid ${what}: "${k}" must be a non-empty string`);
+    }
+  }
+  if (entry.forcePathStyle !== undefined && typeof entry.forcePathStyle !== "boolean") {
+    throw new ConfigError(`Invalid ${what}: "forcePathStyle" must be true or false`);
+  }
+  const endpoint = entry.endpoint as string | undefined;
+  if (endpoint !== undefined && !/^https?:\/\/[^/]/.test(endpoint)) {
+    throw new ConfigError(`Invalid ${what}: "endpoint" must be an http:// or https:// URL, received "${endpoint}"`);
+  }
+  const spec = parseOrigin(name, entry.url, what, cwd, {
+    ...env,
+    ...(endpoint !== undefined ? { AWS_ENDPOINT_URL_S3: endpoint } : {}),
+    ...(entry.region !== undefined ? { AWS_REGION: entry.region as string } : {}),
+  });
+  if (spec.kind !== "s3") {
+    if (Object.keys(entry).length > 1) throw new ConfigError(`Invalid ${what}: endpoint, region and forcePathStyle apply to s3:// origins only`);
+    return spec;
+  }
+  return entry.forcePathStyle === undefined ? spec : { ...spec, forcePathStyle: entry.forcePathStyle as boolean };
+}
+
+function parseOrigin(
+  name: string,
+  url: string,
+  what: string,
+  cwd: string,
+  env: Readonly<Record<string, string | undefined>>,
+): OriginSpec {
   if (!ORIGIN_NAME.test(name)) {
     throw new ConfigError(
       `Invalid ${what}: origin name "${name}" must be 1-63 letters, digits, "_" or "-", starting with a letter or digit`,
@@ -200,9 +318,24 @@ function parseOrigin(name: string, url: string, what: string, cwd: string): Orig
     if (!/^[a-z0-9][a-z0-9.-]{1,62}$/.test(bucket)) {
       throw new ConfigError(`Invalid ${what}: "${url}" does not name an S3 bucket (s3://bucket/prefix)`);
     }
-    throw new ConfigError(
-      `Invalid ${what}: S3 origins ("${url}") are not available in this build yet; use a filesystem path`,
-    );
+    let prefix = slash < 0 ? "" : rest.slice(slash + 1);
+    // The prefix names a folder: s3://b/train and s3://b/train/ both serve the keys under train/.
+    if (prefix !== "" && !prefix.endsWith("/")) prefix += "/";
+    if (prefix.startsWith("/") || prefix.includes("//")) {
+      throw new ConfigError(`Invalid ${what}: "${url}" has an empty segment in its prefix`);
+    }
+    // The SDK reads these too; resolving them here makes the path-style and region defaults
+    // for S3-compatible stores explicit, and puts the effective endpoint in the config.
+    const endpoint = env.AWS_ENDPOINT_URL_S3 || env.AWS_ENDPOINT_URL || undefined;
+    const region = env.AWS_REGION || env.AWS_DEFAULT_REGION || (endpoint ? "us-east-1" : undefined);
+    return {
+      name,
+      kind: "s3",
+      bucket,
+      prefix,
+      ...(endpoint ? { endpoint, forcePathStyle: true } : {}),
+      ...(region ? { region } : {}),
+    };
   }
   let path = url;
   if (url.startsWith("file://")) {

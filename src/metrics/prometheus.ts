@@ -6,6 +6,7 @@
  */
 
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { ConsumerLookahead } from "../batch/read-ahead.ts";
 import type { BlockCacheStats } from "../cache/block-cache.ts";
 import type { DiskTierStats } from "../cache/disk-tier.ts";
 import type { MemoryTierStats } from "../cache/memory-tier.ts";
@@ -19,6 +20,10 @@ export interface MetricSources {
   readonly disk: () => DiskTierStats | undefined;
   readonly origins: () => readonly OriginStats[];
   readonly served: () => Readonly<Record<Transport, number>>;
+  /** Per-consumer dataset look-ahead (absent: no dataset layer). */
+  readonly lookahead?: () => readonly ConsumerLookahead[];
+  /** Blocks whose fills read-ahead started. */
+  readonly readAheadBlocks?: () => number;
 }
 
 type Sample = readonly [labels: Record<string, string>, value: number];
@@ -36,6 +41,8 @@ export class Metrics {
   readonly #registry = new Registry();
   /** Block fill durations, by where the block came from. Observed once per fill. */
   readonly fillSeconds: Histogram<"source">;
+  /** Time to assemble one batch (or samples response), by whether its blocks were all in memory. */
+  readonly batchSeconds: Histogram<"cache">;
 
   /** @param src the snapshot functions */
   constructor(src: MetricSources) {
@@ -112,6 +119,15 @@ export class Metrics {
       src.origins().map((o) => [{ origin: o.name }, o.bytes] as Sample));
     counter("rackfeed_origin_errors_total", "Failed origin requests", ["origin"], () =>
       src.origins().map((o) => [{ origin: o.name }, o.errors] as Sample));
+    counter("rackfeed_origin_retries_total", "Origin requests tried again after a failure", ["origin"], () =>
+      src.origins().map((o) => [{ origin: o.name }, o.retries] as Sample));
+    counter("rackfeed_origin_timeouts_total", "Origin requests abandoned by the per-request timeout", ["origin"], () =>
+      src.origins().map((o) => [{ origin: o.name }, o.timeouts] as Sample));
+    counter("rackfeed_origin_hedged_requests_total", "Hedged second requests, by whether they finished first", ["origin", "won"], () =>
+      src.origins().flatMap((o) => [
+        [{ origin: o.name, won: "true" }, o.hedgeWins] as Sample,
+        [{ origin: o.name, won: "false" }, o.hedges - o.hedgeWins] as Sample,
+      ]));
     counter("rackfeed_origin_metadata_hits_total", "Object metadata answered from the TTL cache", ["origin"], () =>
       src.origins().map((o) => [{ origin: o.name }, o.metadataHits] as Sample));
     gauge("rackfeed_origin_inflight_requests", "Origin requests in flight", ["origin"], () =>
@@ -120,6 +136,28 @@ export class Metrics {
       src.origins().map((o) => [{ origin: o.name }, o.queued] as Sample));
     counter("rackfeed_served_bytes_total", "Body bytes handed to each transport", ["transport"], () =>
       Object.entries(src.served()).map(([transport, v]) => [{ transport }, v] as Sample));
+
+    const consumerLabels = ["dataset", "rank", "world", "micro_batch"];
+    const consumerSamples = (pick: (c: ConsumerLookahead) => number) => () =>
+      (src.lookahead?.() ?? []).map((c) =>
+        [{ dataset: c.dataset, rank: String(c.rank), world: String(c.world), micro_batch: String(c.microBatch) }, pick(c)] as Sample
+      );
+    gauge("rackfeed_readahead_steps", "Steps after a consumer's last one whose blocks are all in memory", consumerLabels,
+      consumerSamples((c) => c.stepsBuffered));
+    gauge("rackfeed_readahead_seconds", "Seconds of a consumer's consumption buffered in memory (steps x step time)",
+      consumerLabels, consumerSamples((c) => c.secondsBuffered));
+    gauge("rackfeed_consumer_step_seconds", "A consumer's observed time between steps (moving average)", consumerLabels,
+      consumerSamples((c) => c.stepSeconds));
+    counter("rackfeed_readahead_blocks_total", "Block fills started by dataset read-ahead", [], () =>
+      [[{}, src.readAheadBlocks?.() ?? 0]]);
+
+    this.batchSeconds = new Histogram({
+      name: "rackfeed_batch_seconds",
+      help: "Time to assemble a batch or samples response; cache=hit when every block was in memory",
+      labelNames: ["cache"],
+      buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      registers: reg,
+    });
 
     this.fillSeconds = new Histogram({
       name: "rackfeed_fill_seconds",

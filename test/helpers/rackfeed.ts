@@ -1,5 +1,6 @@
 /** @module Test fixtures: a real rackfeed server on 127.0.0.1:0 over a temporary origin and cache directory. */
 
+import { readFileSync } from "node:fs";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { connect } from "node:net";
 import { tmpdir } from "node:os";
@@ -59,9 +60,7 @@ export async function startServer(
   const config = loadConfig({
     args: ["--listen", "127.0.0.1:0", "--cache-dir", ws.cache, "--origin", `data=${ws.origin}`, ...args],
     env: {},
-    readTextFile: () => {
-      throw new Error("no config file in tests");
-    },
+    readTextFile: (p) => readFileSync(p, "utf8"),
     cwd: ws.dir,
   });
   const server = await createServer(config, {

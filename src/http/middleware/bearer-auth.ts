@@ -6,11 +6,14 @@ import { CacheServerError } from "../../errors.ts";
 /**
  * Requires `Authorization: Bearer <token>` when a token is configured. With `required`,
  * an unset token refuses every request (admin routes are closed unless a token is set).
+ * `alsoAccept` lets a stronger token pass too (the admin token may read).
  *
  * @param opts the expected token, whether it must be configured, and the role (for messages)
  * @returns the middleware
  */
-export const bearerAuth = (opts: { token: string | undefined; required: boolean; role: string }): MiddlewareHandler =>
+export const bearerAuth = (
+  opts: { token: string | undefined; required: boolean; role: string; alsoAccept?: string | undefined },
+): MiddlewareHandler =>
   async function bearerAuth(c, next) {
     if (opts.token === undefined) {
       if (opts.required) {
@@ -22,7 +25,9 @@ export const bearerAuth = (opts: { token: string | undefined; required: boolean;
       return await next();
     }
     const got = /^Bearer\s+(\S+)\s*$/i.exec(c.req.header("authorization") ?? "")?.[1];
-    if (got === undefined || !constantTimeEqual(got, opts.token)) {
+    const ok = got !== undefined &&
+      (constantTimeEqual(got, opts.token) || (opts.alsoAccept !== undefined && constantTimeEqual(got, opts.alsoAccept)));
+    if (!ok) {
       c.header("www-authenticate", 'Bearer realm="rackfeed"');
       throw new CacheServerError("UNAUTHORIZED", `Missing or wrong ${opts.role} token: send "Authorization: Bearer <token>"`);
     }

@@ -1,0 +1,178 @@
+/**
+ * @module Batch assembly: the tokens of samples `[first, first + count)` copied once, from cached
+ * `.bin` blocks straight into the response buffer, in the dataset's served dtype.
+ */
+
+import type { BlockCache } from "../cache/block-cache.ts";
+import { DTYPE_CODES, PIECE_STRIDE, type TokenDtype } from "../dataset/mod.ts";
+import { CacheServerError, RangeNotSatisfiableError } from "../errors.ts";
+import type { RegisteredDataset } from "./dataset-catalog.ts";
+
+/** Bytes per token of each dtype. */
+export const ITEM_SIZE: Readonly<Record<TokenDtype, number>> = Object.fromEntries(
+  Object.values(DTYPE_CODES).map((d) => [d.dtype, d.itemSize]),
+) as Record<TokenDtype, number>;
+
+/** A planned run of samples: pieces `(source, byteOffset, tokenCount)` and the blocks they touch. */
+export interface SamplePlan {
+  /** `PIECE_STRIDE` numbers per piece, `pieces` pieces, samples in order. */
+  readonly pieces: Float64Array;
+  readonly pieceCount: number;
+  /** Blocks touched, as `source * 2^32 + blockIndex`, each once. */
+  readonly blocks: readonly number[];
+}
+
+/** Where a batch's bytes went and how long each part took, for metrics and slow-batch analysis. */
+export interface AssembledBatch {
+  readonly body: Uint8Array;
+  readonly dtype: TokenDtype;
+  readonly shape: readonly [number, number];
+  /** Blocks that were not in memory when the batch was asked for. */
+  readonly blocksMissing: number;
+  readonly blocksTotal: number;
+}
+
+const BLOCK_KEY = 2 ** 32;
+
+/**
+ * Plans the pieces of samples `[first, first + count)` and the blocks they need.
+ *
+ * @throws {RangeNotSatisfiableError} when the run leaves `[0, numSamples)`
+ */
+export function planSamples(reg: RegisteredDataset, first: number, count: number, blockBytes: number): SamplePlan {
+  const ds = reg.dataset;
+  if (first + count > ds.numSamples) {
+    throw new RangeNotSatisfiableError(
+      `Samples ${first}-${first + count - 1} of dataset "${reg.name}" do not exist: it has samples 0-${ds.numSamples - 1}`,
+    );
+  }
+  // Pieces per sample vary (one per document touched); grow the plan by doubling, never per sample.
+  let pieces = new Float64Array(PIECE_STRIDE * Math.max(4, count * 4));
+  let at = 0;
+  const blocks = new Set<number>();
+  for (let i = first; i < first + count; i++) {
+    const room = PIECE_STRIDE * ds.maxPiecesPerSample;
+    if (pieces.length - at < room) {
+      const bigger = new Float64Array(Math.max(pieces.length * 2, at + room));
+      bigger.set(pieces.subarray(0, at));
+      pieces = bigger;
+    }
+    const n = ds.planSample(i, pieces, at);
+    for (let p = 0; p < n; p++) {
+      const k = at + PIECE_STRIDE * p;
+      const source = pieces[k];
+      const start = pieces[k + 1];
+      const end = start + pieces[k + 2] * ds.sources[source].index.itemSize;
+      for (let b = Math.floor(start / blockBytes); b <= Math.floor((end - 1) / blockBytes); b++) {
+        blocks.add(source * BLOCK_KEY + b);
+      }
+    }
+    at += PIECE_STRIDE * n;
+  }
+  return { pieces, pieceCount: at / PIECE_STRIDE, blocks: [...blocks] };
+}
+
+/** The blocks of a plan: source and block index from the packed number. */
+export function unpackBlock(packed: number): { source: number; index: number } {
+  return { source: Math.floor(packed / BLOCK_KEY), index: packed % BLOCK_KEY };
+}
+
+/**
+ * Assembles samples `[first, first + count)` of a dataset: fetches every block they touch (in
+ * parallel, through the cache's single-flight fills), then copies each piece once into the body.
+ *
+ * @param cache the block cache
+ * @param reg the dataset
+ * @param first first sample
+ * @param count number of samples
+ * @param maxBytes the largest body allowed
+ * @returns the body (`count × windowLength` tokens, little-endian) and what it cost
+ * @throws {CacheServerError} `BAD_REQUEST` when the body would exceed `maxBytes`
+ * @throws {RangeNotSatisfiableError} when a sample does not exist
+ */
+export async function assembleSamples(
+  cache: BlockCache,
+  reg: RegisteredDataset,
+  first: number,
+  count: number,
+  maxBytes: number,
+): Promise<AssembledBatch> {
+  const ds = reg.dataset;
+  const w = ds.windowLength;
+  const outItem = ITEM_SIZE[ds.dtype];
+  const bytes = count * w * outItem;
+  if (bytes > maxBytes) {
+    throw new CacheServerError(
+      "BAD_REQUEST",
+      `A body of ${count} samples × ${w} tokens × ${outItem} bytes = ${bytes} bytes exceeds --max-batch-bytes (${maxBytes}); ask for fewer samples`,
+    );
+  }
+  const blockBytes = cache.blockBytes;
+  const plan = planSamples(reg, first, count, blockBytes);
+  let missing = 0;
+  const got = new Map<number, Uint8Array>();
+  await Promise.all(plan.blocks.map(async (packed) => {
+    const { source, index } = unpackBlock(packed);
+    const f = reg.files[source];
+    if (!cache.inMemory(f.gw, f.binKey, f.bin, index)) missing++;
+    got.set(packed, await cache.block(f.gw, f.binKey, f.bin, index));
+  }));
+
+  const body = new Uint8Array(bytes);
+  const view = new DataView(body.buffer);
+  let dst = 0; // bytes written
+  const { pieces, pieceCount } = plan;
+  for (let p = 0; p < pieceCount; p++) {
+    const source = pieces[PIECE_STRIDE * p];
+    let src = pieces[PIECE_STRIDE * p + 1];
+    const tokens = pieces[PIECE_STRIDE * p + 2];
+    const index = ds.sources[source].index;
+    const inItem = index.itemSize;
+    const end = src + tokens * inItem;
+    while (src < end) {
+      const b = Math.floor(src / blockBytes);
+      const block = got.get(source * BLOCK_KEY + b)!;
+      const from = src - b * blockBytes;
+      const to = Math.min(end, (b + 1) * blockBytes) - b * blockBytes;
+      if (index.dtype === ds.dtype) {
+        body.set(block.subarray(from, to), dst);
+        dst += to - from;
+      } else {
+        dst = widenInto(view, dst, block, from, to, index.dtype);
+      }
+      src += to - from;
+    }
+  }
+  if (dst !== bytes) {
+    throw new Error(`Batch of dataset "${reg.name}" assembled ${dst} bytes, expected ${bytes}: the plan and the window disagree`);
+  }
+  return { body, dtype: ds.dtype, shape: [count, w], blocksMissing: missing, blocksTotal: plan.blocks.length };
+}
+
+/** Mixed-dtype blends are served as int32: widen token by token (only this case leaves the byte copy). */
+function widenInto(view: DataView, dst: number, block: Uint8Array, from: number, to: number, dtype: TokenDtype): number {
+  const src = new DataView(block.buffer, block.byteOffset, block.byteLength);
+  const size = ITEM_SIZE[dtype];
+  for (let at = from; at < to; at += size) {
+    let v: number;
+    switch (dtype) {
+      case "uint8":
+        v = src.getUint8(at);
+        break;
+      case "int8":
+        v = src.getInt8(at);
+        break;
+      case "int16":
+        v = src.getInt16(at, true);
+        break;
+      case "uint16":
+        v = src.getUint16(at, true);
+        break;
+      default:
+        v = src.getInt32(at, true);
+    }
+    view.setInt32(dst, v, true);
+    dst += 4;
+  }
+  return dst;
+}

@@ -1,0 +1,198 @@
+/**
+ * @module The registered token datasets: each name maps to a Megatron `GPTDataset`/`BlendedDataset`
+ * built from `.idx` files read through the block cache. An index is parsed once per version of
+ * its files and kept; a changed `.idx` or `.bin` makes the next request rebuild it.
+ */
+
+import type { BlockCache } from "../cache/block-cache.ts";
+import {
+  buildTokenDataset,
+  DatasetConfigError,
+  type DatasetConfig,
+  parseDatasetConfig,
+  parseIndex,
+  type TokenDataset,
+} from "../dataset/mod.ts";
+import { CacheServerError } from "../errors.ts";
+import { validateObjectKey } from "../origin/object-key.ts";
+import type { ObjectInfo } from "../origin/origin.ts";
+import type { OriginGateway } from "../origin/origin-gateway.ts";
+
+/** Where one source's files live. */
+export interface SourceFiles {
+  readonly gw: OriginGateway;
+  readonly binKey: string;
+  readonly idxKey: string;
+  /** The `.bin` version the dataset was built from; batches read exactly this version. */
+  readonly bin: ObjectInfo;
+  readonly idx: ObjectInfo;
+}
+
+/** A dataset ready to serve. */
+export interface RegisteredDataset {
+  readonly name: string;
+  readonly config: DatasetConfig;
+  readonly dataset: TokenDataset;
+  readonly files: readonly SourceFiles[];
+  /** Seconds spent reading and building the indexes. */
+  readonly buildSeconds: number;
+}
+
+/** Options of `DatasetCatalog`. */
+export interface DatasetCatalogOptions {
+  readonly origins: ReadonlyMap<string, OriginGateway>;
+  readonly cache: BlockCache;
+  /** Most datasets registered at once. */
+  readonly maxDatasets: number;
+  /** Largest `.idx` accepted, in bytes (it is held in memory). */
+  readonly maxIndexBytes: number;
+  readonly now: () => number;
+}
+
+const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
+
+/**
+ * The datasets a server knows, by name.
+ *
+ * @example
+ * ```ts
+ * const catalog = new DatasetCatalog({ origins, cache, maxDatasets: 64, maxIndexBytes: 2 ** 30, now });
+ * await catalog.register("pile", { sources: [{ prefix: "data/pile_text_document" }], seq_length: 4096, ... });
+ * const { dataset } = await catalog.get("pile");
+ * ```
+ */
+export class DatasetCatalog {
+  readonly #opts: DatasetCatalogOptions;
+  readonly #datasets = new Map<string, RegisteredDataset>();
+  /** Rebuilds in flight, so concurrent requests after a change build once. */
+  readonly #rebuilds = new Map<string, Promise<RegisteredDataset>>();
+
+  /** @param opts origins, cache and bounds */
+  constructor(opts: DatasetCatalogOptions) {
+    this.#opts = opts;
+  }
+
+  /** Names of the registered datasets. */
+  names(): string[] {
+    return [...this.#datasets.keys()];
+  }
+
+  /**
+   * Validates a registration, reads every source's `.idx` and builds the dataset; replaces a
+   * dataset of the same name only once the new one is built.
+   *
+   * @param name the dataset's name
+   * @param body the registration (the JSON of `PUT /v1/datasets/{name}`)
+   * @returns the dataset
+   * @throws {CacheServerError} `BAD_REQUEST` naming the field or file at fault
+   */
+  async register(name: string, body: unknown): Promise<RegisteredDataset> {
+    if (!NAME.test(name)) {
+      throw new CacheServerError(
+        "BAD_REQUEST",
+        `Invalid dataset name "${name}": expected 1-128 letters, digits, "_", "." or "-", starting with a letter or digit`,
+      );
+    }
+    if (!this.#datasets.has(name) && this.#datasets.size >= this.#opts.maxDatasets) {
+      throw new CacheServerError(
+        "BAD_REQUEST",
+        `Cannot register dataset "${name}": ${this.#opts.maxDatasets} datasets are registered already (the limit)`,
+      );
+    }
+    const config = parseDatasetConfig(body);
+    const built = await this.#build(name, config);
+    this.#datasets.set(name, built);
+    return built;
+  }
+
+  /**
+   * The dataset `name`, rebuilt first if one of its files changed since it was built.
+   *
+   * @throws {CacheServerError} `NOT_FOUND` for an unknown name
+   */
+  async get(name: string): Promise<RegisteredDataset> {
+    const ds = this.#datasets.get(name);
+    if (!ds) {
+      throw new CacheServerError(
+        "NOT_FOUND",
+        `Unknown dataset "${name}"; registered: ${this.names().join(", ") || "(none)"}`,
+      );
+    }
+    let changed = false;
+    for (const f of ds.files) {
+      const [bin, idx] = await Promise.all([f.gw.stat(f.binKey), f.gw.stat(f.idxKey)]);
+      if (bin.version !== f.bin.version || idx.version !== f.idx.version) changed = true;
+    }
+    if (!changed) return ds;
+    let pending = this.#rebuilds.get(name);
+    if (!pending) {
+      pending = this.#build(name, ds.config).then((next) => {
+        if (this.#datasets.get(name) === ds) this.#datasets.set(name, next);
+        return next;
+      }).finally(() => this.#rebuilds.delete(name));
+      this.#rebuilds.set(name, pending);
+    }
+    return await pending;
+  }
+
+  async #build(name: string, config: DatasetConfig): Promise<RegisteredDataset> {
+    const t0 = this.#opts.now();
+    const files = await Promise.all(config.sources.map((s, k) => this.#locate(s.prefix, k)));
+    const indexes = await Promise.all(files.map(async (f) => {
+      const bytes = await this.#readWhole(f.gw, f.idxKey, f.idx);
+      return parseIndex(bytes, { path: `${f.gw.name}/${f.idxKey}`, binSize: f.bin.size });
+    }));
+    const dataset = buildTokenDataset(config, indexes, { binSizes: files.map((f) => f.bin.size) });
+    return Object.freeze({ name, config, dataset, files, buildSeconds: (this.#opts.now() - t0) / 1000 });
+  }
+
+  async #locate(prefix: string, k: number): Promise<SourceFiles> {
+    const field = `sources[${k}].prefix`;
+    const slash = prefix.indexOf("/");
+    if (slash <= 0) {
+      throw new DatasetConfigError(field, `expected "{origin}/path/prefix", received "${prefix}"`);
+    }
+    const originName = prefix.slice(0, slash);
+    const gw = this.#opts.origins.get(originName);
+    if (!gw) {
+      throw new DatasetConfigError(
+        field,
+        `unknown origin "${originName}"; configured origins: ${[...this.#opts.origins.keys()].join(", ") || "(none)"}`,
+      );
+    }
+    const path = prefix.slice(slash + 1);
+    let binKey: string;
+    let idxKey: string;
+    try {
+      binKey = validateObjectKey(`${path}.bin`);
+      idxKey = validateObjectKey(`${path}.idx`);
+    } catch (e) {
+      throw new DatasetConfigError(field, (e as Error).message);
+    }
+    const stat = (key: string) =>
+      gw.stat(key).catch((e) => {
+        if (e instanceof CacheServerError && e.code === "OBJECT_NOT_FOUND") {
+          throw new DatasetConfigError(field, `"${originName}/${key}" does not exist`);
+        }
+        throw e;
+      });
+    const [bin, idx] = await Promise.all([stat(binKey), stat(idxKey)]);
+    if (idx.size > this.#opts.maxIndexBytes) {
+      throw new DatasetConfigError(
+        field,
+        `"${originName}/${idxKey}" is ${idx.size} bytes, more than the ${this.#opts.maxIndexBytes}-byte limit for an index`,
+      );
+    }
+    return { gw, binKey, idxKey, bin, idx };
+  }
+
+  async #readWhole(gw: OriginGateway, key: string, info: ObjectInfo): Promise<Uint8Array> {
+    const out = new Uint8Array(info.size);
+    let at = 0;
+    for await (const chunk of this.#opts.cache.readRange(gw, key, info, 0, info.size)) {
+      out.set(chunk, at);
+      at += chunk.length;
+    }
+    return out;
+  }
+}

@@ -1,0 +1,176 @@
+/**
+ * @module Schedule-aware read-ahead. The server knows every consumer's whole sample order, so
+ * after serving step `s` to a consumer (dataset, rank, world, micro_batch) it starts the fills
+ * of the blocks that steps `s+1 … s+K` will need, with K set by a time budget at the observed
+ * step rate. A steady trainer then finds every block in memory.
+ */
+
+import type { BlockCache } from "../cache/block-cache.ts";
+import { planSamples, unpackBlock } from "./assemble-batch.ts";
+import type { RegisteredDataset } from "./dataset-catalog.ts";
+
+/** Who reads: one trainer rank's view of a dataset. */
+export interface ConsumerKey {
+  readonly dataset: string;
+  readonly rank: number;
+  readonly world: number;
+  readonly microBatch: number;
+}
+
+/** Look-ahead of one consumer, for `/metrics`. */
+export interface ConsumerLookahead extends ConsumerKey {
+  /** Last step served. */
+  readonly step: number;
+  /** Seconds between the consumer's steps (moving average); 0 until known. */
+  readonly stepSeconds: number;
+  /** Steps after `step` whose blocks are all in memory now. */
+  readonly stepsBuffered: number;
+  /** `stepsBuffered × stepSeconds`. */
+  readonly secondsBuffered: number;
+  /** Steps after `step` whose fills have been started. */
+  readonly stepsScheduled: number;
+}
+
+/** Options of `ReadAhead`. */
+export interface ReadAheadOptions {
+  readonly cache: BlockCache;
+  readonly now: () => number;
+  /** Seconds of consumption to keep ahead (0 turns read-ahead off). */
+  readonly budgetSeconds: number;
+  /** Most steps ahead, whatever the step rate. */
+  readonly maxSteps: number;
+  /** Most bytes of blocks scheduled ahead per consumer (keeps look-ahead within the memory tier). */
+  readonly maxBytesPerConsumer: number;
+  /** Most consumers tracked; the least recently seen is forgotten beyond it. */
+  readonly maxConsumers: number;
+}
+
+interface Consumer {
+  key: ConsumerKey;
+  reg: RegisteredDataset;
+  step: number;
+  lastAt: number;
+  stepSeconds: number;
+  /** Highest step whose blocks have been warmed. */
+  warmedThrough: number;
+}
+
+/** Samples of `step` for a consumer: `[first, first + microBatch)`. */
+export function stepSamples(step: number, rank: number, world: number, microBatch: number): number {
+  return (step * world + rank) * microBatch;
+}
+
+/**
+ * Tracks consumers and warms the blocks of their next steps.
+ *
+ * @example
+ * ```ts
+ * const ra = new ReadAhead({ cache, now, budgetSeconds: 2, maxSteps: 64, maxBytesPerConsumer: 2 ** 30, maxConsumers: 1024 });
+ * ra.observe(reg, { dataset: "pile", rank: 0, world: 8, microBatch: 8 }, step);
+ * ```
+ */
+export class ReadAhead {
+  readonly #opts: ReadAheadOptions;
+  /** Map order is recency order, so the first entry is the consumer seen longest ago. */
+  readonly #consumers = new Map<string, Consumer>();
+  #blocksWarmed = 0;
+
+  /** @param opts cache, clock and bounds */
+  constructor(opts: ReadAheadOptions) {
+    this.#opts = opts;
+  }
+
+  /** Blocks whose fills read-ahead started, since start. */
+  get blocksWarmed(): number {
+    return this.#blocksWarmed;
+  }
+
+  /**
+   * Records that `consumer` was served `step` of `reg`, updates its step rate and warms the
+   * blocks of the steps within the time budget that are not warmed yet.
+   */
+  observe(reg: RegisteredDataset, consumer: ConsumerKey, step: number): void {
+    if (this.#opts.budgetSeconds <= 0) return;
+    const id = `${consumer.dataset}\n${consumer.rank}\n${consumer.world}\n${consumer.microBatch}`;
+    const now = this.#opts.now();
+    let c = this.#consumers.get(id);
+    if (c) {
+      this.#consumers.delete(id);
+      if (c.reg !== reg) c.warmedThrough = step; // the dataset was rebuilt: plans changed
+      if (step === c.step + 1) {
+        const dt = (now - c.lastAt) / 1000;
+        c.stepSeconds = c.stepSeconds === 0 ? dt : 0.8 * c.stepSeconds + 0.2 * dt;
+      } else if (step < c.step || step > c.warmedThrough) {
+        c.warmedThrough = step; // a jump (resume, restart): the old look-ahead is useless
+      }
+      c.reg = reg;
+      c.step = step;
+      c.lastAt = now;
+    } else {
+      c = { key: consumer, reg, step, lastAt: now, stepSeconds: 0, warmedThrough: step };
+      if (this.#consumers.size >= this.#opts.maxConsumers) {
+        this.#consumers.delete(this.#consumers.keys().next().value!);
+      }
+    }
+    this.#consumers.set(id, c);
+    this.#warm(c);
+  }
+
+  #warm(c: Consumer): void {
+    const { cache, budgetSeconds, maxSteps, maxBytesPerConsumer } = this.#opts;
+    // Until the rate is known, look two steps ahead; then cover the time budget.
+    const want = c.stepSeconds > 0 ? Math.ceil(budgetSeconds / c.stepSeconds) : 2;
+    const horizon = Math.min(maxSteps, Math.max(1, want));
+    const lastStep = this.#lastStep(c);
+    const target = Math.min(c.step + horizon, lastStep);
+    const blockBytes = cache.blockBytes;
+    let bytes = 0;
+    for (let s = c.warmedThrough + 1; s <= target; s++) {
+      const first = stepSamples(s, c.key.rank, c.key.world, c.key.microBatch);
+      const plan = planSamples(c.reg, first, c.key.microBatch, blockBytes);
+      for (const packed of plan.blocks) {
+        const { source, index } = unpackBlock(packed);
+        const f = c.reg.files[source];
+        if (cache.warm(f.gw, f.binKey, f.bin, index)) {
+          this.#blocksWarmed++;
+          bytes += blockBytes;
+        }
+      }
+      c.warmedThrough = s;
+      if (bytes >= maxBytesPerConsumer) break;
+    }
+  }
+
+  #lastStep(c: Consumer): number {
+    const perStep = c.key.world * c.key.microBatch;
+    return Math.floor((c.reg.dataset.numSamples - (c.key.rank + 1) * c.key.microBatch) / perStep);
+  }
+
+  /** Every tracked consumer with its look-ahead now. */
+  lookahead(): ConsumerLookahead[] {
+    const { cache, maxSteps } = this.#opts;
+    const out: ConsumerLookahead[] = [];
+    for (const c of this.#consumers.values()) {
+      let buffered = 0;
+      const last = Math.min(this.#lastStep(c), c.step + maxSteps);
+      outer: for (let s = c.step + 1; s <= last; s++) {
+        const plan = planSamples(c.reg, stepSamples(s, c.key.rank, c.key.world, c.key.microBatch), c.key.microBatch, cache.blockBytes);
+        for (const packed of plan.blocks) {
+          const { source, index } = unpackBlock(packed);
+          const f = c.reg.files[source];
+          if (!cache.inMemory(f.gw, f.binKey, f.bin, index)) break outer;
+        }
+        buffered++;
+      }
+      out.push({
+        ...c.key,
+        step: c.step,
+        stepSeconds: c.stepSeconds,
+        stepsBuffered: buffered,
+        secondsBuffered: buffered * c.stepSeconds,
+        stepsScheduled: c.warmedThrough - c.step,
+      });
+    }
+    return out;
+  }
+}

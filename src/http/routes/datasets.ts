@@ -1,0 +1,141 @@
+/** @module The dataset API: register, describe, samples and batches of Megatron token datasets. */
+
+import type { Context, Hono } from "hono";
+import { bodyLimit } from "hono/body-limit";
+import { assembleSamples } from "../../batch/assemble-batch.ts";
+import type { DatasetCatalog, RegisteredDataset } from "../../batch/dataset-catalog.ts";
+import { type ReadAhead, stepSamples } from "../../batch/read-ahead.ts";
+import type { BlockCache } from "../../cache/block-cache.ts";
+import { badRequest, RangeNotSatisfiableError } from "../../errors.ts";
+import { bearerAuth } from "../middleware/bearer-auth.ts";
+import type { ServedBytes } from "../served-bytes.ts";
+
+/** What the dataset routes need. */
+export interface DatasetRoutesDeps {
+  readonly catalog: DatasetCatalog;
+  readonly cache: BlockCache;
+  readonly readAhead: ReadAhead;
+  readonly served: ServedBytes;
+  readonly adminToken: string | undefined;
+  readonly maxBatchBytes: number;
+  readonly now: () => number;
+  /** Called with each batch's seconds and whether every block was already in memory. */
+  readonly onBatch: (seconds: number, allInMemory: boolean) => void;
+}
+
+/** Largest registration body accepted. */
+export const MAX_REGISTRATION_BYTES = 1 << 20;
+
+/**
+ * Registers the dataset routes.
+ *
+ * @param app the Hono app
+ * @param deps catalog, cache, read-ahead and limits
+ */
+export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
+  app.put(
+    "/v1/datasets/:name",
+    bearerAuth({ token: deps.adminToken, required: true, role: "admin" }),
+    bodyLimit({
+      maxSize: MAX_REGISTRATION_BYTES,
+      onError: () => {
+        throw badRequest(`Dataset registration too large: at most ${MAX_REGISTRATION_BYTES} bytes of JSON`);
+      },
+    }),
+    async (c) => {
+      let body: unknown;
+      try {
+        body = await c.req.json();
+      } catch (e) {
+        throw badRequest(`Cannot parse the registration as JSON: ${(e as Error).message}`);
+      }
+      const existed = deps.catalog.names().includes(c.req.param("name"));
+      const reg = await deps.catalog.register(c.req.param("name"), body);
+      return c.json(describe(reg), existed ? 200 : 201);
+    },
+  );
+
+  app.get("/v1/datasets", (c) => c.json({ datasets: deps.catalog.names() }));
+
+  app.get("/v1/datasets/:name", async (c) => c.json(describe(await deps.catalog.get(c.req.param("name")))));
+
+  app.get("/v1/datasets/:name/samples", async (c) => {
+    const reg = await deps.catalog.get(c.req.param("name"));
+    const start = intParam(c, "start", 0, Number.MAX_SAFE_INTEGER, 0);
+    const count = intParam(c, "count", 1, 1 << 20, 1);
+    if (start >= reg.dataset.numSamples) {
+      throw new RangeNotSatisfiableError(
+        `Sample ${start} of dataset "${reg.name}" does not exist: it has samples 0-${reg.dataset.numSamples - 1}`,
+      );
+    }
+    return await batchResponse(c, deps, reg, start, Math.min(count, reg.dataset.numSamples - start));
+  });
+
+  app.get("/v1/datasets/:name/batches/:step", async (c) => {
+    const reg = await deps.catalog.get(c.req.param("name"));
+    const stepText = c.req.param("step");
+    if (!/^\d{1,15}$/.test(stepText)) throw badRequest(`Invalid step "${stepText}": expected a non-negative integer`);
+    const step = Number(stepText);
+    const world = intParam(c, "world", 1, 1 << 20, 1);
+    const rank = intParam(c, "rank", 0, world - 1, 0);
+    const microBatch = intParam(c, "micro_batch", 1, 1 << 20, undefined);
+    const first = stepSamples(step, rank, world, microBatch);
+    if (first + microBatch > reg.dataset.numSamples) {
+      const steps = Math.floor(reg.dataset.numSamples / (world * microBatch));
+      throw new RangeNotSatisfiableError(
+        `Step ${step} (samples ${first}-${first + microBatch - 1}) is beyond dataset "${reg.name}": with world=${world} and micro_batch=${microBatch} it has steps 0-${steps - 1} (${reg.dataset.numSamples} samples)`,
+      );
+    }
+    const res = await batchResponse(c, deps, reg, first, microBatch);
+    deps.readAhead.observe(reg, { dataset: reg.name, rank, world, microBatch }, step);
+    return res;
+  });
+}
+
+async function batchResponse(
+  c: Context,
+  deps: DatasetRoutesDeps,
+  reg: RegisteredDataset,
+  first: number,
+  count: number,
+): Promise<Response> {
+  const t0 = deps.now();
+  const batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes);
+  deps.onBatch((deps.now() - t0) / 1000, batch.blocksMissing === 0);
+  deps.served.add("http1", batch.body.length);
+  return c.body(batch.body as Uint8Array<ArrayBuffer>, 200, {
+    "content-type": "application/octet-stream",
+    "x-rackfeed-dtype": batch.dtype,
+    "x-rackfeed-shape": `${batch.shape[0]},${batch.shape[1]}`,
+    "x-rackfeed-first-sample": String(first),
+  });
+}
+
+function intParam(c: Context, name: string, min: number, max: number, fallback: number | undefined): number {
+  const raw = c.req.query(name);
+  if (raw === undefined || raw === "") {
+    if (fallback === undefined) throw badRequest(`Missing query parameter "${name}": expected an integer from ${min} to ${max}`);
+    return fallback;
+  }
+  const v = /^\d{1,15}$/.test(raw) ? Number(raw) : NaN;
+  if (!(v >= min && v <= max)) {
+    throw badRequest(`Invalid query parameter ${name}="${raw}": expected an integer from ${min} to ${max}`);
+  }
+  return v;
+}
+
+function describe(reg: RegisteredDataset): Record<string, unknown> {
+  const d = reg.dataset.describe();
+  return {
+    name: reg.name,
+    ...d,
+    files: reg.files.map((f) => ({
+      origin: f.gw.name,
+      idx: f.idxKey,
+      bin: f.binKey,
+      binBytes: f.bin.size,
+      version: f.bin.version,
+    })),
+    buildSeconds: reg.buildSeconds,
+  };
+}

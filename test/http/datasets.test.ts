@@ -1,0 +1,216 @@
+import { createHash } from "node:crypto";
+import { copyFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import fc from "fast-check";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { encodeIndex } from "../../src/dataset/mod.ts";
+import { expectSameBytes, makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+
+const VECTORS = fileURLToPath(new URL("../vectors/megatron/", import.meta.url));
+const ADMIN = "admin-token-for-tests";
+const cases: { name: string; registration: { sources: { prefix: string }[] }; expected: string }[] =
+  JSON.parse(await import("node:fs").then((fs) => fs.readFileSync(join(VECTORS, "cases.json"), "utf8"))).cases;
+
+let ws: Workspace;
+let rf: RunningServer;
+
+/** The registration of a vector case with its prefixes moved under origin "data". */
+function registration(c: (typeof cases)[number]): unknown {
+  return { ...c.registration, sources: c.registration.sources.map((s) => ({ ...s, prefix: `data/${s.prefix}` })) };
+}
+
+async function put(name: string, body: unknown, token: string | undefined = ADMIN, url = rf.url): Promise<Response> {
+  return await fetch(`${url}/v1/datasets/${name}`, {
+    method: "PUT",
+    headers: { "content-type": "application/json", ...(token ? { authorization: `Bearer ${token}` } : {}) },
+    body: typeof body === "string" ? body : JSON.stringify(body),
+  });
+}
+
+async function samples(name: string, start: number, count: number): Promise<Response> {
+  return await fetch(`${rf.url}/v1/datasets/${name}/samples?start=${start}&count=${count}`);
+}
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  for (const f of ["pub_u16_a", "pub_u16_c", "pub_i32_b"]) {
+    for (const ext of [".idx", ".bin"]) await copyFile(join(VECTORS, "data", f + ext), join(ws.origin, "data", f + ext)).catch(async () => {
+      await ws.put(`data/${f}${ext}`, new Uint8Array(0));
+      await copyFile(join(VECTORS, "data", f + ext), join(ws.origin, "data", f + ext));
+    });
+  }
+  rf = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "4KiB", "--memory-bytes", "4MiB"]);
+  for (const c of cases) expect((await put(c.name, registration(c))).status).toBe(201);
+});
+afterAll(async () => {
+  await rf.close();
+  await ws.remove();
+});
+
+describe("token datasets are sample-for-sample identical to megatron-core (shared vectors)", () => {
+  for (const c of cases) {
+    it(`${c.name}: every served window has the expected SHA-256`, async () => {
+      const expected = JSON.parse(await import("node:fs").then((fs) => fs.readFileSync(join(VECTORS, c.expected), "utf8")));
+      const desc = await (await fetch(`${rf.url}/v1/datasets/${c.name}`)).json();
+      const w = expected.window_length as number;
+      expect(desc.windowLength).toBe(w);
+      const all = createHash("sha256");
+      const bad: number[] = [];
+      for (let start = 0; start < expected.count; start += 250) {
+        const count = Math.min(250, expected.count - start);
+        const res = await samples(c.name, start, count);
+        expect(res.status).toBe(200);
+        expect(res.headers.get("x-rackfeed-shape")).toBe(`${count},${w}`);
+        expect(res.headers.get("x-rackfeed-first-sample")).toBe(String(start));
+        const dtype = res.headers.get("x-rackfeed-dtype");
+        const buf = await res.arrayBuffer();
+        const tokens = dtype === "uint16" ? new Uint16Array(buf) : new Int32Array(buf);
+        expect(tokens.length).toBe(count * w);
+        const wide = new BigInt64Array(w);
+        for (let s = 0; s < count; s++) {
+          for (let t = 0; t < w; t++) wide[t] = BigInt(tokens[s * w + t]);
+          const bytes = new Uint8Array(wide.buffer);
+          all.update(bytes);
+          if (createHash("sha256").update(bytes).digest("hex").slice(0, 16) !== expected.window_sha256_16[start + s]) {
+            bad.push(start + s);
+          }
+        }
+      }
+      expect(bad).toEqual([]);
+      expect(all.digest("hex")).toBe(expected.sha256_all_int64le);
+    });
+  }
+});
+
+describe("batches", () => {
+  it("tile the sample sequence across steps and ranks with no gap or overlap", async () => {
+    const name = "u16_blend_two";
+    await fc.assert(
+      fc.asyncProperty(
+        fc.integer({ min: 1, max: 4 }),
+        fc.integer({ min: 1, max: 8 }),
+        fc.integer({ min: 0, max: 20 }),
+        async (world, micro, step) => {
+          const whole = new Uint8Array(await (await samples(name, step * world * micro, world * micro)).arrayBuffer());
+          const parts: Uint8Array[] = [];
+          for (let rank = 0; rank < world; rank++) {
+            const res = await fetch(`${rf.url}/v1/datasets/${name}/batches/${step}?rank=${rank}&world=${world}&micro_batch=${micro}`);
+            expect(res.status).toBe(200);
+            expect(res.headers.get("x-rackfeed-first-sample")).toBe(String((step * world + rank) * micro));
+            parts.push(new Uint8Array(await res.arrayBuffer()));
+          }
+          expectSameBytes(Buffer.concat(parts), whole);
+        },
+      ),
+      { numRuns: 25 },
+    );
+  });
+
+  it("returns the same bytes for the same request", async () => {
+    const url = `${rf.url}/v1/datasets/u16_one_epoch/batches/7?rank=1&world=2&micro_batch=4`;
+    const a = new Uint8Array(await (await fetch(url)).arrayBuffer());
+    const b = new Uint8Array(await (await fetch(url)).arrayBuffer());
+    expect(a.length).toBe(4 * 129 * 2);
+    expectSameBytes(a, b);
+  });
+
+  it("answers 416 naming the last step for a step beyond the dataset", async () => {
+    const res = await fetch(`${rf.url}/v1/datasets/u16_one_epoch/batches/125?rank=0&world=1&micro_batch=8`);
+    expect(res.status).toBe(416);
+    expect((await res.json()).message).toMatch(/steps 0-124/);
+    const sample = await samples("u16_one_epoch", 1000, 1);
+    expect(sample.status).toBe(416);
+  });
+
+  it("refuses bad query parameters with 400 naming the parameter", async () => {
+    const base = `${rf.url}/v1/datasets/u16_one_epoch`;
+    for (const [q, msg] of [
+      ["batches/0?rank=2&world=2&micro_batch=1", /rank="2"/],
+      ["batches/0?rank=0&world=1", /micro_batch/],
+      ["batches/x?micro_batch=1", /step "x"/],
+      ["samples?start=-1&count=1", /start="-1"/],
+      ["samples?start=0&count=0", /count="0"/],
+    ] as const) {
+      const res = await fetch(`${base}/${q}`);
+      expect(res.status, q).toBe(400);
+      expect((await res.json()).message, q).toMatch(msg);
+    }
+    expect((await fetch(`${rf.url}/v1/datasets/nope/samples`)).status).toBe(404);
+  });
+});
+
+describe("registration", () => {
+  it("needs the admin token", async () => {
+    expect((await put("x", registration(cases[0]), "")).status).toBe(401);
+    expect((await put("x", registration(cases[0]), "wrong-token-123")).status).toBe(401);
+    const closed = await startServer(ws);
+    try {
+      expect((await put("x", registration(cases[0]), ADMIN, closed.url)).status).toBe(403);
+    } finally {
+      await closed.close();
+    }
+  });
+
+  it("describes a dataset and lists the registered ones", async () => {
+    const d = await (await fetch(`${rf.url}/v1/datasets/u16_blend_two`)).json();
+    expect(d).toMatchObject({ name: "u16_blend_two", kind: "blend", dtype: "uint16", numSamples: 2000, windowLength: 65 });
+    expect(d.shape).toEqual([2000, 65]);
+    const list = await (await fetch(`${rf.url}/v1/datasets`)).json();
+    expect(list.datasets).toEqual(expect.arrayContaining(cases.map((c) => c.name)));
+  });
+
+  const base = () => registration(cases[0]) as Record<string, unknown>;
+  const bad: [string, () => unknown, RegExp][] = [
+    ["seq_length < 2", () => ({ ...base(), seq_length: 1 }), /seq_length/],
+    ["a weight <= 0", () => ({ ...base(), sources: [{ weight: 0, prefix: "data/data/pub_u16_a" }] }), /weight/],
+    ["a split that does not parse", () => ({ ...base(), split: "a,b" }), /split/],
+    ["an unknown origin", () => ({ ...base(), sources: [{ prefix: "elsewhere/x" }] }), /sources\[0\]\.prefix.*unknown origin "elsewhere"/],
+    ["a missing file", () => ({ ...base(), sources: [{ prefix: "data/data/missing" }] }), /data\/missing\.bin" does not exist/],
+    ["a prefix escaping the origin", () => ({ ...base(), sources: [{ prefix: "data/../x" }] }), /sources\[0\]\.prefix/],
+    ["a body that is not JSON", () => "{ nope", /JSON/],
+  ];
+  for (const [what, body, msg] of bad) {
+    it(`refuses ${what} with 400 naming the field`, async () => {
+      const res = await put("bad", body());
+      expect(res.status).toBe(400);
+      expect((await res.json()).message).toMatch(msg);
+    });
+  }
+
+  it("refuses a malformed .idx with 400 naming the file, and keeps serving", async () => {
+    const good = encodeIndex({ dtypeCode: 8, lengths: [10, 20] });
+    const badMagic = good.slice();
+    badMagic[0] ^= 0xff;
+    await ws.put("broken/magic.idx", badMagic);
+    await ws.put("broken/magic.bin", new Uint8Array(60));
+    await ws.put("broken/short.idx", good);
+    await ws.put("broken/short.bin", new Uint8Array(10)); // counts need 60 bytes
+    const unknownDtype = good.slice();
+    unknownDtype[17] = 42;
+    await ws.put("broken/dtype.idx", unknownDtype);
+    await ws.put("broken/dtype.bin", new Uint8Array(60));
+    await ws.put("broken/trunc.idx", good.subarray(0, good.length - 3));
+    await ws.put("broken/trunc.bin", new Uint8Array(60));
+    for (const f of ["magic", "short", "dtype", "trunc"]) {
+      const res = await put("broken", { ...base(), sources: [{ prefix: `data/broken/${f}` }] });
+      expect(res.status, f).toBe(400);
+      expect((await res.json()).message, f).toContain(`broken/${f}.idx`);
+    }
+    expect((await samples("u16_one_epoch", 0, 1)).status).toBe(200);
+  });
+
+  it("registers datasets named on the command line at start-up, and refuses to start on a bad one", async () => {
+    await writeFile(join(ws.dir, "good.json"), JSON.stringify(registration(cases[0])));
+    const s = await startServer(ws, ["--dataset", `pile=${join(ws.dir, "good.json")}`]);
+    try {
+      expect((await fetch(`${s.url}/v1/datasets/pile`)).status).toBe(200);
+    } finally {
+      await s.close();
+    }
+    await writeFile(join(ws.dir, "bad.json"), JSON.stringify({ ...base(), seq_length: 0 }));
+    await expect(startServer(ws, ["--dataset", `pile=${join(ws.dir, "bad.json")}`])).rejects.toThrow(
+      /Cannot register dataset "pile" \(--dataset pile\).*seq_length/,
+    );
+  });
+});
