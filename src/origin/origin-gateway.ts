@@ -12,8 +12,15 @@ export interface OriginStats {
   readonly requests: { stat: number; read: number; list: number };
   /** Payload bytes read. */
   readonly bytes: number;
-  /** Failed requests (not-found answers are not failures). */
+  /** Failed requests (not-found answers are not failures); each failed attempt counts, retried ones too. */
   readonly errors: number;
+  /** Requests tried again after a failure (remote origins). */
+  readonly retries: number;
+  /** Attempts abandoned by the per-request timeout. */
+  readonly timeouts: number;
+  /** Hedged second requests sent, and how many of them finished first. */
+  readonly hedges: number;
+  readonly hedgeWins: number;
   /** Stat answers served from the metadata cache. */
   readonly metadataHits: number;
   readonly active: number;
@@ -121,11 +128,18 @@ export class OriginGateway {
   /** A snapshot of the counters. */
   stats(): OriginStats {
     const l = this.#limiter.stats();
+    const r = this.origin.stats?.();
     return {
       name: this.origin.name,
       requests: { ...this.#requests },
       bytes: this.#bytes,
-      errors: this.#errors,
+      // Final failures are counted here; the attempts an origin retried (each one a failed
+      // request) are added from its own counters.
+      errors: this.#errors + (r?.retries ?? 0),
+      retries: r?.retries ?? 0,
+      timeouts: r?.timeouts ?? 0,
+      hedges: r?.hedges ?? 0,
+      hedgeWins: r?.hedgeWins ?? 0,
       metadataHits: this.#metadataHits,
       active: l.active,
       queued: l.queued,

@@ -21,6 +21,20 @@ export interface ListedObject {
   readonly size: number;
 }
 
+/** Counters an origin with its own retry policy keeps (remote origins); read at scrape time. */
+export interface OriginRequestStats {
+  /** Attempts tried again after a failure. */
+  readonly retries: number;
+  /** Attempts that failed (retried or not; not-found answers excluded). */
+  readonly failedAttempts: number;
+  /** Attempts abandoned for want of an answer within the timeout. */
+  readonly timeouts: number;
+  /** Second requests sent for a read much slower than its peers. */
+  readonly hedges: number;
+  /** Hedged requests that finished first. */
+  readonly hedgeWins: number;
+}
+
 /**
  * A store of objects addressed by validated keys (see `origin/object-key.ts`). Implementations
  * raise `OriginError` with `OBJECT_NOT_FOUND`, `OBJECT_CHANGED`, `ORIGIN_TIMEOUT` or
@@ -41,6 +55,8 @@ export interface Origin {
   read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array, signal?: AbortSignal): Promise<void>;
   /** Objects whose key starts with `prefix`, in key order, at most `limit` of them. */
   list(prefix: string, limit: number): Promise<ListedObject[]>;
+  /** Retry and hedge counters, for origins that retry by themselves. */
+  stats?(): OriginRequestStats;
   /** Releases connections and handles. */
   close(): Promise<void>;
 }
