@@ -31,7 +31,8 @@ const USAGE = `Usage:
                  [--read-token T] [--admin-token T] [more: see README]
   rackfeed demo  [serve flags]   (also: no command) serve a generated local demo dataset
 
-  URL: /absolute/path or file:///path (s3://bucket/prefix arrives with the S3 origin)
+  URL: s3://bucket/prefix (endpoint, region, credentials: AWS SDK chain, e.g. AWS_ENDPOINT_URL),
+       /absolute/path or file:///path
   SIZE: bytes or with a unit: 512MiB, 64GiB, 1TB
 
 Options of serve (flag, environment variable, default):

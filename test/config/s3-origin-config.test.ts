@@ -1,0 +1,99 @@
+import { describe, expect, it } from "vitest";
+import { ConfigError, loadConfig } from "../../src/config/load.ts";
+
+function load(args: string[], env: Record<string, string> = {}, files: Record<string, string> = {}) {
+  return loadConfig({
+    args,
+    env,
+    cwd: "/srv",
+    readTextFile: (p) => {
+      if (!(p in files)) throw new Error(`ENOENT: no such file, open '${p}'`);
+      return files[p];
+    },
+  });
+}
+
+function errorOf(fn: () => unknown): ConfigError {
+  try {
+    fn();
+  } catch (e) {
+    expect(e).toBeInstanceOf(ConfigError);
+    return e as ConfigError;
+  }
+  throw new Error("expected a ConfigError, but nothing was thrown");
+}
+
+describe("loadConfig s3:// origins", () => {
+  it("parses bucket and prefix, treating the prefix as a folder", () => {
+    const c = load(["--origin", "a=s3://bucket-1/train", "--origin", "b=s3://bucket-2", "--origin", "c=s3://b3/x/y/"]);
+    expect(c.origins).toEqual([
+      { name: "a", kind: "s3", bucket: "bucket-1", prefix: "train/" },
+      { name: "b", kind: "s3", bucket: "bucket-2", prefix: "" },
+      { name: "c", kind: "s3", bucket: "b3", prefix: "x/y/" },
+    ]);
+  });
+
+  it("takes the endpoint and region from the AWS environment, with path style and us-east-1 for custom endpoints", () => {
+    const c = load(["--origin", "a=s3://bucket/p"], { AWS_ENDPOINT_URL: "http://127.0.0.1:9000" });
+    expect(c.origins[0]).toEqual({
+      name: "a",
+      kind: "s3",
+      bucket: "bucket",
+      prefix: "p/",
+      endpoint: "http://127.0.0.1:9000",
+      forcePathStyle: true,
+      region: "us-east-1",
+    });
+    const d = load(["--origin", "a=s3://bucket/p"], {
+      AWS_ENDPOINT_URL: "http://x:1",
+      AWS_ENDPOINT_URL_S3: "http://s3only:2",
+      AWS_REGION: "eu-west-1",
+    });
+    expect(d.origins[0]).toMatchObject({ endpoint: "http://s3only:2", region: "eu-west-1" });
+    // Plain AWS: the SDK chain decides (profile, IMDS), nothing is pinned.
+    expect(load(["--origin", "a=s3://bucket"]).origins[0]).toEqual({ name: "a", kind: "s3", bucket: "bucket", prefix: "" });
+  });
+
+  it("accepts per-origin endpoint, region and forcePathStyle in the config file, over the environment", () => {
+    const file = JSON.stringify({
+      origins: {
+        minio: { url: "s3://data/sets", endpoint: "http://10.0.0.5:9000", region: "local", forcePathStyle: false },
+        aws: "s3://prod-bucket/x",
+        disk: { url: "/mnt/nfs" },
+      },
+    });
+    const c = load(["--config", "c.json"], { AWS_ENDPOINT_URL: "http://env:1" }, { "/srv/c.json": file });
+    expect(c.origins).toEqual([
+      {
+        name: "minio",
+        kind: "s3",
+        bucket: "data",
+        prefix: "sets/",
+        endpoint: "http://10.0.0.5:9000",
+        forcePathStyle: false,
+        region: "local",
+      },
+      { name: "aws", kind: "s3", bucket: "prod-bucket", prefix: "x/", endpoint: "http://env:1", forcePathStyle: true, region: "us-east-1" },
+      { name: "disk", kind: "fs", root: "/mnt/nfs" },
+    ]);
+  });
+
+  it("refuses bad buckets, unknown fields and bad overrides, naming the origin", () => {
+    expect(errorOf(() => load(["--origin", "a=s3://Bad_Bucket/x"])).message).toMatch(/--origin a.*does not name an S3 bucket/);
+    expect(errorOf(() => load(["--origin", "a=s3://bucket//x"])).message).toMatch(/empty segment/);
+    const bad = (entry: unknown) =>
+      errorOf(() => load(["--config", "c.json"], {}, { "/srv/c.json": JSON.stringify({ origins: { o: entry } }) })).message;
+    expect(bad({ url: "s3://b1/x", endPoint: "http://x" })).toMatch(/Unknown field "endPoint" in "origins.o"/);
+    expect(bad({ url: "s3://b1/x", endpoint: "ftp://x" })).toMatch(/"endpoint" must be an http/);
+    expect(bad({ url: "s3://b1/x", forcePathStyle: "yes" })).toMatch(/"forcePathStyle" must be true or false/);
+    expect(bad({ url: "/mnt/x", region: "r" })).toMatch(/apply to s3:\/\/ origins only/);
+    expect(bad(42)).toMatch(/expected a URL string or/);
+  });
+
+  it("parses the fault tunables", () => {
+    const c = load(["--origin-timeout", "250ms", "--origin-retries", "0", "--origin-hedge", "0"], { RACKFEED_ORIGIN_BACKOFF: "10ms" });
+    expect([c.originTimeout, c.originRetries, c.originHedge, c.originBackoff, c.originBackoffMax]).toEqual([250, 0, 0, 10, 2000]);
+    expect(errorOf(() => load(["--origin-timeout", "0"])).message).toMatch(/--origin-timeout.*above 0/);
+    expect(errorOf(() => load(["--origin-hedge", "0.5"])).message).toMatch(/--origin-hedge.*0 \(off\)/);
+  });
+});
