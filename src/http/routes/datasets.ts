@@ -108,6 +108,8 @@ async function batchResponse(
     "x-rackfeed-dtype": batch.dtype,
     "x-rackfeed-shape": `${batch.shape[0]},${batch.shape[1]}`,
     "x-rackfeed-first-sample": String(first),
+    // Whether every block was already in memory: lets a trainer (and a test) see read-ahead working.
+    "x-rackfeed-cache": batch.blocksMissing === 0 ? "hit" : "miss",
   });
 }
 
