@@ -39,6 +39,8 @@ export interface S3OriginOptions {
   readonly retry: RetryPolicy;
   /** Hedge a read still running after this many times the median read time; 0 disables hedging. */
   readonly hedgeFactor: number;
+  /** Keys asked for per ListObjectsV2 page (at most 1000, S3's own limit). */
+  readonly listPageSize?: number;
   /** Hedges never start sooner than this (ms). */
   readonly hedgeMinMs?: number;
   /** Uniform [0, 1) source for jitter (injected in tests). */
@@ -91,6 +93,7 @@ export class S3Origin implements Origin {
   readonly #hedgeFactor: number;
   readonly #hedgeMinMs: number;
   readonly #maxHedges: number;
+  readonly #listPageSize: number;
   readonly #random: () => number;
   readonly #now: () => number;
   readonly #recent: number[] = [];
@@ -124,6 +127,7 @@ export class S3Origin implements Origin {
     this.#hedgeMinMs = opts.hedgeMinMs ?? 20;
     // Hedges add load exactly when the origin is slow; a quarter of the slots bounds that.
     this.#maxHedges = Math.max(1, Math.floor(opts.concurrency / 4));
+    this.#listPageSize = Math.min(1000, Math.max(1, opts.listPageSize ?? 1000));
     this.#random = opts.random ?? Math.random;
     this.#now = opts.now ?? (() => performance.now());
     this.#client = opts.client ?? new S3Client(clientConfig(opts, opts.concurrency + this.#maxHedges));
@@ -163,7 +167,7 @@ export class S3Origin implements Origin {
           new ListObjectsV2Command({
             Bucket: this.#bucket,
             Prefix: this.#prefix + prefix,
-            MaxKeys: Math.min(1000, limit - out.length),
+            MaxKeys: Math.min(this.#listPageSize, limit - out.length),
             ContinuationToken: token,
           }),
           { abortSignal: s },

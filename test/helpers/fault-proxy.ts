@@ -1,0 +1,129 @@
+/**
+ * @module A loopback HTTP fault proxy for origin tests and benchmarks: forwards requests to an
+ * upstream (the S3 server) unchanged (Host included, so SigV4 signatures stay valid), and
+ * injects latency, stalls, connection resets and 503 SlowDown answers on the requests a rule picks.
+ */
+
+import { createServer, type IncomingMessage, request, type Server, type ServerResponse } from "node:http";
+import type { AddressInfo, Socket } from "node:net";
+
+/** What to do to one request. */
+export type Fault =
+  | { readonly kind: "pass" }
+  /** Wait before forwarding. */
+  | { readonly kind: "delay"; readonly ms: number }
+  /** Forward, send the headers and `afterBytes` of the body, then go silent (keep the socket open). */
+  | { readonly kind: "stall"; readonly afterBytes: number }
+  /** Forward, send `afterBytes` of the body, then reset the connection. */
+  | { readonly kind: "reset"; readonly afterBytes: number }
+  /** Answer 503 SlowDown (S3's throttling reply) without forwarding. */
+  | { readonly kind: "slowdown" }
+  /** Answer 500 InternalError without forwarding. */
+  | { readonly kind: "error500" };
+
+/** Decides the fault of each request: `n` counts requests from 1, `req` is the incoming request. */
+export type FaultRule = (n: number, req: IncomingMessage) => Fault;
+
+/** A running proxy. */
+export interface FaultProxy {
+  /** `http://127.0.0.1:PORT` */
+  readonly url: string;
+  /** Requests seen, and faults injected by kind. */
+  readonly counts: { requests: number; faults: Record<string, number> };
+  /** Replaces the rule (and resets nothing else). */
+  setRule(rule: FaultRule): void;
+  /** Closes the listener and every connection (upstream ones too). */
+  close(): Promise<void>;
+}
+
+/** A rule that delays every request by `ms` before forwarding it. */
+export function latency(ms: number): FaultRule {
+  return () => ({ kind: "delay", ms });
+}
+
+/**
+ * Starts a proxy on 127.0.0.1:0 in front of `upstream` (`http://host:port`).
+ *
+ * @param upstream where requests go
+ * @param rule the fault of each request (default: pass everything)
+ * @returns the proxy
+ */
+export async function startFaultProxy(upstream: string, rule: FaultRule = () => ({ kind: "pass" })): Promise<FaultProxy> {
+  const up = new URL(upstream);
+  const sockets = new Set<Socket>();
+  const counts = { requests: 0, faults: {} as Record<string, number> };
+  let current = rule;
+
+  const forward = (req: IncomingMessage, res: ServerResponse, fault: Fault) => {
+    const out = request(
+      { host: up.hostname, port: up.port, method: req.method, path: req.url, headers: req.headers },
+      (upRes) => {
+        res.writeHead(upRes.statusCode ?? 502, upRes.headers);
+        if (fault.kind !== "stall" && fault.kind !== "reset") {
+          upRes.pipe(res);
+          return;
+        }
+        let sent = 0;
+        upRes.on("data", (chunk: Buffer) => {
+          if (sent >= fault.afterBytes) return;
+          const part = chunk.subarray(0, fault.afterBytes - sent);
+          sent += part.length;
+          res.write(part);
+          if (sent >= fault.afterBytes) {
+            if (fault.kind === "reset") {
+              // Flush what was written, then RST: the client sees ECONNRESET mid-body.
+              setTimeout(() => res.socket?.resetAndDestroy(), 5);
+            }
+            upRes.destroy();
+          }
+        });
+      },
+    );
+    out.on("error", () => res.socket?.destroy());
+    req.pipe(out);
+  };
+
+  const server: Server = createServer((req, res) => {
+    counts.requests++;
+    const fault = current(counts.requests, req);
+    if (fault.kind !== "pass") counts.faults[fault.kind] = (counts.faults[fault.kind] ?? 0) + 1;
+    switch (fault.kind) {
+      case "slowdown":
+      case "error500": {
+        req.resume();
+        const [status, code, msg] = fault.kind === "slowdown"
+          ? [503, "SlowDown", "Please reduce your request rate."]
+          : [500, "InternalError", "We encountered an internal error. Please try again."];
+        const body = `<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>${code}</Code><Message>${msg}</Message></Error>`;
+        res.writeHead(status, { "content-type": "application/xml", "content-length": Buffer.byteLength(body) });
+        res.end(body);
+        return;
+      }
+      case "delay":
+        setTimeout(() => forward(req, res, fault), fault.ms);
+        return;
+      default:
+        forward(req, res, fault);
+    }
+  });
+  server.keepAliveTimeout = 60_000;
+  server.on("connection", (s) => {
+    sockets.add(s);
+    s.on("close", () => sockets.delete(s));
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = (server.address() as AddressInfo).port;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    counts,
+    setRule(r) {
+      current = r;
+    },
+    close() {
+      return new Promise((resolve) => {
+        server.close(() => resolve());
+        for (const s of sockets) s.destroy();
+      });
+    },
+  };
+}
