@@ -61,7 +61,7 @@ export function createApp(deps: AppDeps): Hono {
     adminToken: deps.adminToken,
     maxBatchBytes: deps.maxBatchBytes,
     now: deps.now,
-    onBatch: (s, hit) => deps.metrics.batchSeconds.observe({ cache: hit ? "hit" : "miss" }, s),
+    onBatch: (s, cache) => deps.metrics.batchSeconds.observe({ cache }, s),
   });
   app.all("/v1/objects/*", () => {
     throw new CacheServerError("BAD_REQUEST", "Objects are read-only: use GET or HEAD");

@@ -66,7 +66,12 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
       }),
     );
   }
-  const memory = new MemoryTier({ maxBytes: config.memoryBytes });
+  // Belady eviction asks the read-ahead schedules, which are built after the cache: bind late.
+  let nextUse: (key: string) => number = () => Infinity;
+  const memory = new MemoryTier({
+    maxBytes: config.memoryBytes,
+    nextUse: config.memoryEviction === "belady" ? (k) => nextUse(k) : undefined,
+  });
   const disk = await DiskTier.open({
     dir: config.cacheDir,
     maxBytes: config.diskBytes,
@@ -100,6 +105,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     maxBytesPerConsumer: Math.max(config.blockBytes, Math.floor(config.memoryBytes / 2)),
     maxConsumers: 4096,
   });
+  nextUse = (k) => readAhead.nextUse(k);
   metrics = new Metrics({
     lookahead: () => readAhead.lookahead(),
     readAheadBlocks: () => readAhead.blocksWarmed,

@@ -27,8 +27,10 @@ export interface AssembledBatch {
   readonly body: Uint8Array;
   readonly dtype: TokenDtype;
   readonly shape: readonly [number, number];
-  /** Blocks that were not in memory when the batch was asked for. */
+  /** Blocks that were neither in memory nor being filled when the batch was asked for. */
   readonly blocksMissing: number;
+  /** Blocks whose fill (usually started by read-ahead) was still in flight. */
+  readonly blocksFilling: number;
   readonly blocksTotal: number;
 }
 
@@ -110,11 +112,15 @@ export async function assembleSamples(
   const blockBytes = cache.blockBytes;
   const plan = planSamples(reg, first, count, blockBytes);
   let missing = 0;
+  let filling = 0;
   const got = new Map<number, Uint8Array>();
   await Promise.all(plan.blocks.map(async (packed) => {
     const { source, index } = unpackBlock(packed);
     const f = reg.files[source];
-    if (!cache.inMemory(f.gw, f.binKey, f.bin, index)) missing++;
+    if (!cache.inMemory(f.gw, f.binKey, f.bin, index)) {
+      if (cache.filling(f.gw, f.binKey, f.bin, index)) filling++;
+      else missing++;
+    }
     got.set(packed, await cache.block(f.gw, f.binKey, f.bin, index));
   }));
 
@@ -146,7 +152,7 @@ export async function assembleSamples(
   if (dst !== bytes) {
     throw new Error(`Batch of dataset "${reg.name}" assembled ${dst} bytes, expected ${bytes}: the plan and the window disagree`);
   }
-  return { body, dtype: ds.dtype, shape: [count, w], blocksMissing: missing, blocksTotal: plan.blocks.length };
+  return { body, dtype: ds.dtype, shape: [count, w], blocksMissing: missing, blocksFilling: filling, blocksTotal: plan.blocks.length };
 }
 
 /** Mixed-dtype blends are served as int32: widen token by token (only this case leaves the byte copy). */

@@ -55,6 +55,11 @@ interface Consumer {
   warmedThrough: number;
 }
 
+/** A scheduled use this far in the past no longer protects its block. */
+const STALE_AFTER_MS = 2000;
+/** Next-use entries kept before stale ones are swept. */
+const NEXT_USE_PRUNE_AT = 100_000;
+
 /** Samples of `step` for a consumer: `[first, first + microBatch)`. */
 export function stepSamples(step: number, rank: number, world: number, microBatch: number): number {
   return (step * world + rank) * microBatch;
@@ -73,11 +78,25 @@ export class ReadAhead {
   readonly #opts: ReadAheadOptions;
   /** Map order is recency order, so the first entry is the consumer seen longest ago. */
   readonly #consumers = new Map<string, Consumer>();
+  /** Block cache key → when (ms, `now()` clock) a consumer is expected to need it next. */
+  readonly #nextUse = new Map<string, number>();
   #blocksWarmed = 0;
 
   /** @param opts cache, clock and bounds */
   constructor(opts: ReadAheadOptions) {
     this.#opts = opts;
+  }
+
+  /**
+   * When block `key` (a `BlockCache.blockKey`) is next needed by a known schedule, in ms of the
+   * injected clock; `Infinity` when no schedule references it (or its time has long passed).
+   * The memory tier's Belady eviction asks this.
+   */
+  nextUse(key: string): number {
+    const t = this.#nextUse.get(key);
+    if (t === undefined) return Infinity;
+    // A late consumer still needs its scheduled blocks; one that stopped long ago does not.
+    return t < this.#opts.now() - STALE_AFTER_MS ? Infinity : t;
   }
 
   /** Blocks whose fills read-ahead started, since start. */
@@ -124,13 +143,21 @@ export class ReadAhead {
     const lastStep = this.#lastStep(c);
     const target = Math.min(c.step + horizon, lastStep);
     const blockBytes = cache.blockBytes;
+    const now = this.#opts.now();
+    // Until the step time is known, order future steps 1 ms apart: only their order matters.
+    const stepMs = c.stepSeconds > 0 ? c.stepSeconds * 1000 : 1;
+    this.#pruneNextUse(now);
     let bytes = 0;
     for (let s = c.warmedThrough + 1; s <= target; s++) {
       const first = stepSamples(s, c.key.rank, c.key.world, c.key.microBatch);
       const plan = planSamples(c.reg, first, c.key.microBatch, blockBytes);
+      const due = now + (s - c.step) * stepMs;
       for (const packed of plan.blocks) {
         const { source, index } = unpackBlock(packed);
         const f = c.reg.files[source];
+        const k = cache.blockKey(f.gw.name, f.binKey, f.bin.version, index);
+        const known = this.#nextUse.get(k);
+        if (known === undefined || known < now || due < known) this.#nextUse.set(k, due);
         if (cache.warm(f.gw, f.binKey, f.bin, index)) {
           this.#blocksWarmed++;
           bytes += blockBytes;
@@ -139,6 +166,12 @@ export class ReadAhead {
       c.warmedThrough = s;
       if (bytes >= maxBytesPerConsumer) break;
     }
+  }
+
+  /** Keeps the next-use map bounded: drops entries whose time has passed. */
+  #pruneNextUse(now: number): void {
+    if (this.#nextUse.size < NEXT_USE_PRUNE_AT) return;
+    for (const [k, t] of this.#nextUse) if (t < now - STALE_AFTER_MS) this.#nextUse.delete(k);
   }
 
   #lastStep(c: Consumer): number {

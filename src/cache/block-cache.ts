@@ -158,6 +158,11 @@ export class BlockCache {
     return true;
   }
 
+  /** True when a fill of block `index` of this object version is in flight. */
+  filling(gw: OriginGateway, key: string, info: ObjectInfo, index: number): boolean {
+    return this.#flights.has(this.blockKey(gw.name, key, info.version, index));
+  }
+
   /** True when block `index` of this object version is in the memory tier (no recency update). */
   inMemory(gw: OriginGateway, key: string, info: ObjectInfo, index: number): boolean {
     return this.#memory.has(this.blockKey(gw.name, key, info.version, index));

@@ -11,8 +11,9 @@ export interface MemoryTierStats {
 }
 
 /**
- * Blocks held in memory, least recently used evicted first, never more than `maxBytes`
- * in total. Values are stored as given (no copy); callers must not mutate them.
+ * Blocks held in memory, never more than `maxBytes` in total; least recently used evicted
+ * first, or, with a `nextUse` oracle (the dataset schedules), by Belady's rule among the
+ * coldest blocks. Values are stored as given (no copy); callers must not mutate them.
  *
  * @example
  * ```ts
@@ -24,18 +25,23 @@ export interface MemoryTierStats {
 export class MemoryTier {
   readonly #lru: LRUCache<string, Uint8Array>;
   readonly #maxBytes: number;
+  readonly #nextUse: ((key: string) => number) | undefined;
   #evictions = 0;
 
   /**
-   * @param opts `maxBytes`, a positive integer
+   * @param opts `maxBytes`, a positive integer; `nextUse`, when given, turns eviction into
+   *   Belady's rule among the least recently used blocks (see `#evictFor`)
    * @throws {RangeError} when the budget is missing or not positive: an unbounded tier is refused
    */
-  constructor(opts: { maxBytes: number }) {
+  constructor(opts: { maxBytes: number; nextUse?: (key: string) => number }) {
     if (!Number.isSafeInteger(opts.maxBytes) || opts.maxBytes <= 0) {
       throw new RangeError(`Cannot create MemoryTier: maxBytes must be a positive integer, received ${opts.maxBytes}`);
     }
     this.#maxBytes = opts.maxBytes;
+    this.#nextUse = opts.nextUse;
     this.#lru = new LRUCache<string, Uint8Array>({
+      // The tier evicts by itself before each insert (#evictFor); lru-cache's own bound is a
+      // backstop that never triggers first.
       maxSize: opts.maxBytes,
       // lru-cache refuses a zero size; empty blocks (empty objects) still occupy an entry.
       sizeCalculation: (v) => Math.max(1, v.byteLength),
@@ -58,7 +64,40 @@ export class MemoryTier {
   /** Stores a block; one larger than the whole budget is not stored. */
   set(key: string, bytes: Uint8Array): void {
     if (bytes.byteLength > this.#maxBytes) return;
+    if (this.#nextUse) {
+      this.#lru.delete(key);
+      this.#evictFor(Math.max(1, bytes.byteLength));
+    }
     this.#lru.set(key, bytes);
+  }
+
+  /**
+   * Makes room for `size` bytes by Belady's rule: a block no schedule references (next use
+   * unknown, i.e. infinitely far) goes first, the least recently used of them; only when the
+   * `BELADY_SCAN` coldest blocks are all scheduled does the one whose next use is furthest
+   * away go. The scan limit bounds an insert's cost on a tier of millions of blocks.
+   */
+  #evictFor(size: number): void {
+    const nextUse = this.#nextUse!;
+    while (this.#lru.size > 0 && this.#lru.calculatedSize + size > this.#maxBytes) {
+      let victim: string | undefined;
+      let furthest = -Infinity;
+      let seen = 0;
+      for (const k of this.#lru.rkeys()) {
+        const t = nextUse(k);
+        if (t === Infinity) {
+          victim = k;
+          break;
+        }
+        if (t > furthest) {
+          furthest = t;
+          victim = k;
+        }
+        if (++seen >= BELADY_SCAN) break;
+      }
+      this.#lru.delete(victim!);
+      this.#evictions++;
+    }
   }
 
   /** Drops a block. */
@@ -71,3 +110,6 @@ export class MemoryTier {
     return { bytes: this.#lru.calculatedSize, blocks: this.#lru.size, maxBytes: this.#maxBytes, evictions: this.#evictions };
   }
 }
+
+/** How many of the least recently used blocks Belady eviction looks at, at most, per eviction. */
+export const BELADY_SCAN = 4096;

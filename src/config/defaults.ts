@@ -72,6 +72,16 @@ function factor(min: number, max: number): Parser<number> {
   };
 }
 
+function oneOf<T extends string>(choices: readonly T[]): Parser<T> {
+  return (raw, what) => {
+    const v = String(raw).trim() as T;
+    if (!choices.includes(v)) {
+      throw new RangeError(`Invalid ${what}: expected one of ${choices.join(", ")}, received "${raw}"`);
+    }
+    return v;
+  };
+}
+
 const text: Parser<string> = (raw, what) => {
   const v = String(raw);
   if (v.length === 0) throw new RangeError(`Invalid ${what}: expected a non-empty value`);
@@ -227,6 +237,14 @@ export const TUNABLES = {
     parse: durationIn(600_000),
     doc: "Dataset read-ahead: seconds of each consumer's consumption (at its observed step rate) fetched ahead; 0 turns it off",
   } as Tunable<number>,
+  memoryEviction: {
+    key: "memoryEviction",
+    flag: "--memory-eviction",
+    env: "RACKFEED_MEMORY_EVICTION",
+    default: "belady",
+    parse: oneOf(["belady", "lru"]),
+    doc: "Memory tier eviction: belady (drop the block whose next scheduled use is furthest, LRU for unscheduled ones) or lru",
+  } as Tunable<"belady" | "lru">,
   readAheadMaxSteps: {
     key: "readAheadMaxSteps",
     flag: "--read-ahead-max-steps",

@@ -39,6 +39,7 @@ export interface Config {
   readonly originHedge: number;
   readonly diskWriteQueue: number;
   readonly readAheadSeconds: number;
+  readonly memoryEviction: "belady" | "lru";
   readonly readAheadMaxSteps: number;
   readonly maxBatchBytes: number;
   readonly maxIndexBytes: number;

@@ -153,7 +153,7 @@ export class Metrics {
 
     this.batchSeconds = new Histogram({
       name: "rackfeed_batch_seconds",
-      help: "Time to assemble a batch or samples response; cache=hit when every block was in memory",
+      help: "Time to assemble a batch or samples response; cache=hit (all blocks in memory), filling (some still arriving), miss",
       labelNames: ["cache"],
       buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
       registers: reg,

@@ -19,8 +19,8 @@ export interface DatasetRoutesDeps {
   readonly adminToken: string | undefined;
   readonly maxBatchBytes: number;
   readonly now: () => number;
-  /** Called with each batch's seconds and whether every block was already in memory. */
-  readonly onBatch: (seconds: number, allInMemory: boolean) => void;
+  /** Called with each batch's seconds and whether its blocks were in memory, arriving, or missing. */
+  readonly onBatch: (seconds: number, cache: "hit" | "filling" | "miss") => void;
 }
 
 /** Largest registration body accepted. */
@@ -101,15 +101,17 @@ async function batchResponse(
 ): Promise<Response> {
   const t0 = deps.now();
   const batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes);
-  deps.onBatch((deps.now() - t0) / 1000, batch.blocksMissing === 0);
+  const state = batch.blocksMissing > 0 ? "miss" : batch.blocksFilling > 0 ? "filling" : "hit";
+  deps.onBatch((deps.now() - t0) / 1000, state);
   deps.served.add("http1", batch.body.length);
   return c.body(batch.body as Uint8Array<ArrayBuffer>, 200, {
     "content-type": "application/octet-stream",
     "x-rackfeed-dtype": batch.dtype,
     "x-rackfeed-shape": `${batch.shape[0]},${batch.shape[1]}`,
     "x-rackfeed-first-sample": String(first),
-    // Whether every block was already in memory: lets a trainer (and a test) see read-ahead working.
-    "x-rackfeed-cache": batch.blocksMissing === 0 ? "hit" : "miss",
+    // hit: every block was in memory; filling: some were still arriving from a fill already
+    // started (read-ahead running late); miss: some had to be fetched for this request.
+    "x-rackfeed-cache": state,
   });
 }
 
