@@ -2,7 +2,7 @@
 
 import { ConfigError, loadConfig } from "../config/load.ts";
 import { TUNABLES } from "../config/defaults.ts";
-import { ensureDemoDataset } from "../demo/demo-dataset.ts";
+import { DEMO_TOKEN_DATASET, ensureDemoDataset } from "../demo/demo-dataset.ts";
 import type { Listen } from "../runtime/listener.ts";
 import { createServer, DatasetStartupError } from "../server.ts";
 
@@ -108,7 +108,9 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
     const u = listener.url;
     host.print(`Demo dataset: origin "demo" -> ${config.origins[0].kind === "fs" ? config.origins[0].root : ""}`);
     host.print(`Try:\n  curl ${u}/v1/objects/demo/hello.txt\n  curl -s -r 0-15 ${u}/v1/objects/demo/shards/shard-00000.bin | od -A d -t x1`);
-    host.print(`  curl -sI ${u}/v1/objects/demo/shards/shard-00001.bin\n  curl -s ${u}/metrics | grep rackfeed_cache`);
+    host.print(`  curl -sI ${u}/v1/objects/demo/shards/shard-00001.bin\n  curl -s ${u}/v1/datasets/demo`);
+    host.print(`  curl -s '${u}/v1/datasets/demo/batches/0?rank=0&world=2&micro_batch=4' | od -A d -t u2 | head -3`);
+    host.print(`  curl -s ${u}/metrics | grep rackfeed_cache`);
   }
   await new Promise<void>((resolve) => host.onShutdown(resolve));
   host.print("rackfeed: shutting down (draining requests, flushing the disk tier)");
@@ -122,6 +124,7 @@ async function demoDefaults(host: CliHost, args: readonly string[]): Promise<str
   const dir = `${host.cwd.replace(/\/+$/, "")}/.rackfeed-demo`;
   await ensureDemoDataset(dir);
   const out = ["--origin", `demo=${dir}`];
+  if (!args.includes("--dataset")) out.push("--dataset", `${DEMO_TOKEN_DATASET.name}=${dir}/${DEMO_TOKEN_DATASET.registration}`);
   if (!args.includes("--memory-bytes")) out.push("--memory-bytes", "256MiB");
   if (!args.includes("--disk-bytes")) out.push("--disk-bytes", "1GiB");
   return out;

@@ -1,6 +1,7 @@
 /** @module The embedded demo: a small generated local dataset so `npm start` works with no cloud account. */
 
 import { mkdir, stat, writeFile } from "node:fs/promises";
+import { encodeIndex } from "../dataset/mod.ts";
 
 /** One generated demo object. */
 export interface DemoObject {
@@ -34,7 +35,42 @@ export async function ensureDemoDataset(dir: string): Promise<readonly DemoObjec
     if (have === want) continue;
     await writeFile(path, obj.key === "hello.txt" ? HELLO : demoBytes(obj.bytes, obj.key.length));
   }
+  await ensureDemoTokens(dir);
   return DEMO_OBJECTS;
+}
+
+/** Name of the demo token dataset and its registration file (relative to the demo folder). */
+export const DEMO_TOKEN_DATASET = { name: "demo", registration: "tokens/demo-dataset.json" } as const;
+
+/**
+ * A small Megatron indexed dataset (`tokens/demo_text_document.idx/.bin`, uint16 tokens, 400
+ * documents) and its registration, so the demo serves token batches too.
+ */
+async function ensureDemoTokens(dir: string): Promise<void> {
+  await mkdir(`${dir}/tokens`, { recursive: true });
+  const lengths: number[] = [];
+  let x = 12345;
+  for (let i = 0; i < 400; i++) {
+    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+    lengths.push(50 + (x % 2000));
+  }
+  const tokens = lengths.reduce((a, b) => a + b, 0);
+  const bin = `${dir}/tokens/demo_text_document.bin`;
+  if (await stat(bin).then((s) => s.size !== tokens * 2, () => true)) {
+    const t = new Uint16Array(tokens);
+    for (let i = 0; i < tokens; i++) t[i] = (i * 2654435761) % 50257; // GPT-2-sized vocabulary
+    await writeFile(`${dir}/tokens/demo_text_document.idx`, encodeIndex({ dtypeCode: 8, lengths }));
+    await writeFile(bin, new Uint8Array(t.buffer));
+  }
+  const registration = {
+    sources: [{ prefix: "demo/tokens/demo_text_document" }],
+    seq_length: 1024,
+    seed: 1234,
+    split: "969,30,1",
+    split_index: 0,
+    num_samples: 2000,
+  };
+  await writeFile(`${dir}/${DEMO_TOKEN_DATASET.registration}`, JSON.stringify(registration, null, 2));
 }
 
 function demoBytes(n: number, seed: number): Uint8Array {

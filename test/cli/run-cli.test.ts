@@ -65,6 +65,10 @@ describe("rackfeed command line (Node entry)", () => {
       const range = await fetch(`${demo.url}/v1/objects/demo/shards/shard-00000.bin`, { headers: { range: "bytes=8388600-8388615" } });
       expect(range.status).toBe(206);
       expect((await range.arrayBuffer()).byteLength).toBe(16);
+      const batch = await fetch(`${demo.url}/v1/datasets/demo/batches/0?rank=0&world=2&micro_batch=4`);
+      expect(batch.status).toBe(200);
+      expect(batch.headers.get("x-rackfeed-shape")).toBe("4,1025");
+      expect((await batch.arrayBuffer()).byteLength).toBe(4 * 1025 * 2);
       const metrics = await (await fetch(`${demo.url}/metrics`)).text();
       expect(metrics).toMatch(/rackfeed_cache_misses_total [1-9]/);
     } finally {
