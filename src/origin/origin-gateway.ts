@@ -128,7 +128,7 @@ export class OriginGateway {
   /** A snapshot of the counters. */
   stats(): OriginStats {
     const l = this.#limiter.stats();
-    const r = this.origin.stats?.();
+    const r = this.origin.requestStats?.();
     return {
       name: this.origin.name,
       requests: { ...this.#requests },

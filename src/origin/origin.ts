@@ -56,7 +56,7 @@ export interface Origin {
   /** Objects whose key starts with `prefix`, in key order, at most `limit` of them. */
   list(prefix: string, limit: number): Promise<ListedObject[]>;
   /** Retry and hedge counters, for origins that retry by themselves. */
-  stats?(): OriginRequestStats;
+  requestStats?(): OriginRequestStats;
   /** Releases connections and handles. */
   close(): Promise<void>;
 }

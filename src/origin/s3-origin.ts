@@ -182,7 +182,7 @@ export class S3Origin implements Origin {
     return out;
   }
 
-  stats(): OriginRequestStats {
+  requestStats(): OriginRequestStats {
     return { ...this.#stats };
   }
 

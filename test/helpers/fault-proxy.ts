@@ -42,6 +42,21 @@ export function latency(ms: number): FaultRule {
 }
 
 /**
+ * A rule that injects `pick(req)`'s fault the first time each request (method, path, range) is
+ * seen and passes its retries: a transient fault, so a test does not depend on how parallel
+ * requests happen to be numbered.
+ */
+export function onceEach(pick: (req: IncomingMessage, n: number) => Fault | undefined): FaultRule {
+  const seen = new Set<string>();
+  return (n, req) => {
+    const key = `${req.method} ${req.url} ${req.headers.range ?? ""}`;
+    if (seen.has(key)) return { kind: "pass" };
+    seen.add(key);
+    return pick(req, n) ?? { kind: "pass" };
+  };
+}
+
+/**
  * Starts a proxy on 127.0.0.1:0 in front of `upstream` (`http://host:port`).
  *
  * @param upstream where requests go
@@ -53,6 +68,7 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
   const sockets = new Set<Socket>();
   const counts = { requests: 0, faults: {} as Record<string, number> };
   let current = rule;
+  const count = (kind: string) => (counts.faults[kind] = (counts.faults[kind] ?? 0) + 1);
 
   const forward = (req: IncomingMessage, res: ServerResponse, fault: Fault) => {
     const out = request(
@@ -70,12 +86,17 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
           sent += part.length;
           res.write(part);
           if (sent >= fault.afterBytes) {
+            count(fault.kind);
             if (fault.kind === "reset") {
               // Flush what was written, then RST: the client sees ECONNRESET mid-body.
               setTimeout(() => res.socket?.resetAndDestroy(), 5);
             }
             upRes.destroy();
           }
+        });
+        // A body shorter than `afterBytes` got through whole: finish it like a plain pass.
+        upRes.on("end", () => {
+          if (sent < fault.afterBytes) res.end();
         });
       },
     );
@@ -86,7 +107,8 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
   const server: Server = createServer((req, res) => {
     counts.requests++;
     const fault = current(counts.requests, req);
-    if (fault.kind !== "pass") counts.faults[fault.kind] = (counts.faults[fault.kind] ?? 0) + 1;
+    // Stalls and resets count when they happen (a body shorter than `afterBytes` escapes them).
+    if (fault.kind !== "pass" && fault.kind !== "stall" && fault.kind !== "reset") count(fault.kind);
     switch (fault.kind) {
       case "slowdown":
       case "error500": {

@@ -1,0 +1,188 @@
+// Origin faults between rackfeed and a real S3 server (RGW), injected by a loopback HTTP proxy:
+// 503 SlowDown, 500, connection resets mid-body, stalls, latency, a dead origin. rackfeed must
+// serve correct bytes with bounded retries, or a clear 502/504 within a bounded time, and count
+// what happened in /metrics.
+
+import type { S3Client } from "@aws-sdk/client-s3";
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { backoffDelay, worstCaseMs } from "../../src/origin/retry.ts";
+import { type FaultProxy, type FaultRule, onceEach, startFaultProxy } from "../helpers/fault-proxy.ts";
+import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { put, s3Client, s3ConfigFile, s3Server, uniquePrefix } from "../helpers/s3.ts";
+import type { S3TestServer } from "../setup/s3-server.ts";
+
+const BLOCK = 128 * 1024;
+const PART = 32 * 1024;
+const SIZE = 6 * BLOCK + 999;
+
+let s3: S3TestServer;
+let client: S3Client;
+let ws: Workspace;
+let prefix: string;
+const data = patternBytes(SIZE, 5);
+const open: { close(): Promise<void> }[] = [];
+
+async function startBehind(proxyUrl: string, args: string[] = []): Promise<RunningServer> {
+  const cfg = join(ws.dir, `s3-${Math.random().toString(36).slice(2)}.json`);
+  await writeFile(cfg, s3ConfigFile("s3", s3, prefix, proxyUrl));
+  const rf = await startServer(ws, [
+    "--config",
+    cfg,
+    "--cache-dir",
+    join(ws.dir, `cache-${Math.random().toString(36).slice(2)}`),
+    "--block-bytes",
+    String(BLOCK),
+    "--part-bytes",
+    String(PART),
+    "--metadata-ttl",
+    "0",
+    "--origin-backoff",
+    "10ms",
+    "--origin-backoff-max",
+    "100ms",
+    ...args,
+  ]);
+  open.push(rf);
+  return rf;
+}
+
+async function proxy(rule: FaultRule): Promise<FaultProxy> {
+  const p = await startFaultProxy(s3.endpoint, rule);
+  open.push(p);
+  return p;
+}
+
+/** Reads the whole object and a spread of ranges through `rf`, checking every byte. */
+async function readAndCheck(rf: RunningServer): Promise<void> {
+  const whole = await fetch(`${rf.url}/v1/objects/s3/obj.bin`);
+  expect(whole.status).toBe(200);
+  expectSameBytes(new Uint8Array(await whole.arrayBuffer()), data, "whole object");
+  for (const [a, b] of [[0, 10], [BLOCK - 5, 3 * BLOCK + 5], [SIZE - 2000, SIZE - 1]]) {
+    const r = await fetch(`${rf.url}/v1/objects/s3/obj.bin`, { headers: { range: `bytes=${a}-${b}` } });
+    expect(r.status).toBe(206);
+    expectSameBytes(new Uint8Array(await r.arrayBuffer()), data.subarray(a, b + 1), `bytes ${a}-${b}`);
+  }
+}
+
+const isRangedGet = (req: { method?: string; headers: Record<string, unknown> }) => req.method === "GET" && req.headers.range !== undefined;
+
+beforeAll(async () => {
+  s3 = s3Server();
+  client = s3Client(s3);
+  prefix = uniquePrefix("faults");
+  ws = await makeWorkspace();
+  await put(client, s3.bucket, `${prefix}obj.bin`, data);
+});
+
+afterAll(async () => {
+  for (const o of open.reverse()) await o.close();
+  await ws?.remove();
+  client?.destroy();
+});
+
+describe("S3 origin faults (fault proxy in front of RGW)", () => {
+  it("retries 503 SlowDown and 500 answers to stats and reads, serving correct bytes and counting retries", async () => {
+    const p = await proxy(onceEach((_, n) => (n % 3 === 0 ? { kind: "slowdown" } : n % 5 === 0 ? { kind: "error500" } : undefined)));
+    // No hedges here: a hedge that wins would leave its peer's fault without a retry to count.
+    const rf = await startBehind(p.url, ["--origin-hedge", "0"]);
+    await readAndCheck(rf);
+    expect(p.counts.faults.slowdown).toBeGreaterThan(0);
+    const retries = await rf.metric("rackfeed_origin_retries_total", { origin: "s3" });
+    expect(retries).toBe(p.counts.faults.slowdown + p.counts.faults.error500);
+    expect(await rf.metric("rackfeed_origin_errors_total", { origin: "s3" })).toBe(retries);
+    expect(await rf.metric("rackfeed_cache_fill_errors_total")).toBe(0);
+  });
+
+  it("retries reads whose connection is reset mid-body", async () => {
+    const p = await proxy(onceEach((req, n) => (isRangedGet(req) && n % 2 === 0 ? { kind: "reset", afterBytes: 1000 } : undefined)));
+    const rf = await startBehind(p.url, ["--origin-hedge", "0"]);
+    await readAndCheck(rf);
+    expect(p.counts.faults.reset).toBeGreaterThan(0);
+    expect(await rf.metric("rackfeed_origin_retries_total", { origin: "s3" })).toBe(p.counts.faults.reset);
+    expect(await rf.metric("rackfeed_origin_timeouts_total", { origin: "s3" })).toBe(0);
+  });
+
+  it("abandons a stalled body after --origin-timeout and retries it", async () => {
+    const p = await proxy(onceEach((req, n) => (isRangedGet(req) && n % 4 === 0 ? { kind: "stall", afterBytes: 100 } : undefined)));
+    const rf = await startBehind(p.url, ["--origin-timeout", "300ms", "--origin-hedge", "0"]);
+    const t0 = performance.now();
+    await readAndCheck(rf);
+    expect(p.counts.faults.stall).toBeGreaterThan(0);
+    expect(await rf.metric("rackfeed_origin_timeouts_total", { origin: "s3" })).toBeGreaterThan(0);
+    expect(performance.now() - t0).toBeLessThan(15_000);
+  });
+
+  it("serves correct bytes through 40 ms of added latency", async () => {
+    const p = await proxy(() => ({ kind: "delay", ms: 40 }));
+    const rf = await startBehind(p.url);
+    await readAndCheck(rf);
+    expect(await rf.metric("rackfeed_origin_errors_total", { origin: "s3" })).toBe(0);
+  });
+
+  it("hedges a part much slower than its peers, and the hedge wins", async () => {
+    let slowDone = false;
+    const p = await proxy((n, req) => {
+      // After enough parts to learn the typical time, one GET takes 3 s; its hedge passes quickly.
+      if (isRangedGet(req) && n > 20 && !slowDone) {
+        slowDone = true;
+        return { kind: "delay", ms: 3000 };
+      }
+      return { kind: "delay", ms: 10 };
+    });
+    const rf = await startBehind(p.url, ["--origin-hedge", "3", "--origin-concurrency", "4"]);
+    const t0 = performance.now();
+    // Block by block, so the hedge delay has samples from earlier blocks.
+    for (let i = 0; i * BLOCK < SIZE; i++) {
+      const a = i * BLOCK;
+      const b = Math.min(SIZE, a + BLOCK) - 1;
+      const r = await fetch(`${rf.url}/v1/objects/s3/obj.bin`, { headers: { range: `bytes=${a}-${b}` } });
+      expectSameBytes(new Uint8Array(await r.arrayBuffer()), data.subarray(a, b + 1), `block ${i}`);
+    }
+    expect(slowDone).toBe(true);
+    expect(performance.now() - t0).toBeLessThan(2500);
+    expect(await rf.metric("rackfeed_origin_hedged_requests_total", { origin: "s3", won: "true" })).toBeGreaterThanOrEqual(1);
+  });
+
+  it("answers 502 with a clear message within a bounded time when the origin refuses connections", async () => {
+    const p = await startFaultProxy(s3.endpoint);
+    const deadUrl = p.url;
+    await p.close();
+    const rf = await startBehind(deadUrl, ["--origin-retries", "2"]);
+    const t0 = performance.now();
+    const res = await fetch(`${rf.url}/v1/objects/s3/obj.bin`);
+    const ms = performance.now() - t0;
+    expect(res.status).toBe(502);
+    const body = await res.json();
+    expect(body.error).toBe("ORIGIN_UNAVAILABLE");
+    expect(body.message).toMatch(/Origin "s3" failed stat "obj.bin": .*ECONNREFUSED.*\(3 attempts\)/);
+    expect(ms).toBeLessThan(2000);
+    expect(await rf.metric("rackfeed_origin_errors_total", { origin: "s3" })).toBe(3);
+    expect(await rf.metric("rackfeed_origin_retries_total", { origin: "s3" })).toBe(2);
+  });
+
+  it("answers 504 within a bounded time when the origin accepts but never answers", async () => {
+    const p = await proxy(() => ({ kind: "stall", afterBytes: 0 }));
+    const rf = await startBehind(p.url, ["--origin-timeout", "200ms", "--origin-retries", "1"]);
+    const t0 = performance.now();
+    const res = await fetch(`${rf.url}/v1/objects/s3/obj.bin`, { headers: { range: "bytes=0-99" } });
+    const ms = performance.now() - t0;
+    expect(res.status).toBe(504);
+    const body = await res.json();
+    expect(body.error).toBe("ORIGIN_TIMEOUT");
+    expect(body.message).toMatch(/Origin "s3" failed stat "obj.bin": no answer within 200 ms \(2 attempts\)/);
+    // Bound: 2 attempts x 200 ms + one backoff (<= 10 ms), with slack for a loaded machine.
+    expect(ms).toBeLessThan(worstCaseMs({ retries: 1, baseMs: 10, capMs: 100 }, 200) + 1000);
+    expect(await rf.metric("rackfeed_origin_timeouts_total", { origin: "s3" })).toBe(2);
+  });
+});
+
+describe("backoffDelay()", () => {
+  it("stays within the doubling ceiling and the cap, with full jitter", () => {
+    const policy = { retries: 8, baseMs: 50, capMs: 1000 };
+    expect([0, 1, 2, 3, 4, 5].map((r) => backoffDelay(r, policy, () => 0.999999))).toEqual([49, 99, 199, 399, 799, 999]);
+    expect(backoffDelay(3, policy, () => 0)).toBe(0);
+    expect(worstCaseMs({ retries: 2, baseMs: 50, capMs: 1000 }, 100)).toBe(3 * 100 + 50 + 100);
+  });
+});
