@@ -10,6 +10,8 @@ import { bearerAuth } from "./http/middleware/bearer-auth.ts";
 import { rejectDotSegments } from "./http/middleware/reject-dot-segments.ts";
 import { datasetRoutes } from "./http/routes/datasets.ts";
 import { operationalRoutes } from "./http/routes/health.ts";
+import { prefetchRoutes } from "./http/routes/prefetch.ts";
+import type { PrefetchJobs } from "./prefetch/prefetch-jobs.ts";
 import { objectRoutes } from "./http/routes/objects.ts";
 import type { ServedBytes } from "./http/served-bytes.ts";
 import type { Metrics } from "./metrics/prometheus.ts";
@@ -23,6 +25,7 @@ export interface AppDeps {
   readonly served: ServedBytes;
   readonly datasets: DatasetCatalog;
   readonly readAhead: ReadAhead;
+  readonly prefetch: PrefetchJobs;
   /** Token for read routes; undefined leaves them open. */
   readonly readToken: string | undefined;
   /** Token for admin routes; undefined closes them. */
@@ -63,6 +66,7 @@ export function createApp(deps: AppDeps): Hono {
     now: deps.now,
     onBatch: (s, cache) => deps.metrics.batchSeconds.observe({ cache }, s),
   });
+  prefetchRoutes(app, { jobs: deps.prefetch, adminToken: deps.adminToken });
   app.all("/v1/objects/*", () => {
     throw new CacheServerError("BAD_REQUEST", "Objects are read-only: use GET or HEAD");
   });

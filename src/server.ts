@@ -4,6 +4,7 @@ import type { Hono } from "hono";
 import { createApp } from "./app.ts";
 import { DatasetCatalog } from "./batch/dataset-catalog.ts";
 import { ReadAhead } from "./batch/read-ahead.ts";
+import { PrefetchJobs } from "./prefetch/prefetch-jobs.ts";
 import { BlockCache } from "./cache/block-cache.ts";
 import { DiskTier } from "./cache/disk-tier.ts";
 import { MemoryTier } from "./cache/memory-tier.ts";
@@ -24,6 +25,7 @@ export interface RackfeedServer {
   readonly origins: ReadonlyMap<string, OriginGateway>;
   readonly metrics: Metrics;
   readonly datasets: DatasetCatalog;
+  readonly prefetch: PrefetchJobs;
   /** Waits for fills and disk writes in flight, then closes origins. */
   close(): Promise<void>;
 }
@@ -106,6 +108,18 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     maxConsumers: 4096,
   });
   nextUse = (k) => readAhead.nextUse(k);
+  const prefetch = new PrefetchJobs({
+    origins,
+    cache,
+    catalog: datasets,
+    tierBytes: { memory: config.memoryBytes, disk: config.diskBytes },
+    // Half the origin's slots at most: the limiter keeps a quarter for trainers anyway.
+    parallelBlocks: Math.max(1, Math.ceil(config.originConcurrency / 2)),
+    maxJobs: 256,
+    maxObjects: 1_000_000,
+    clock: () => Date.now(),
+    log: env.log,
+  });
   metrics = new Metrics({
     lookahead: () => readAhead.lookahead(),
     readAheadBlocks: () => readAhead.blocksWarmed,
@@ -130,6 +144,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     served,
     datasets,
     readAhead,
+    prefetch,
     readToken: config.readToken,
     adminToken: config.adminToken,
     maxBatchBytes: config.maxBatchBytes,
@@ -143,7 +158,9 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     origins,
     metrics,
     datasets,
+    prefetch,
     async close() {
+      prefetch.close();
       await cache.close();
       await Promise.all([...origins.values()].map((o) => o.origin.close()));
     },

@@ -158,6 +158,39 @@ export class BlockCache {
     return true;
   }
 
+  /**
+   * Brings block `index` into a tier for a prefetch job: the fill's origin reads run at
+   * background priority; with `tier: "disk"` the block file is written before this resolves
+   * (waiting for a write slot instead of skipping). Blocks pass through the memory tier, where
+   * Belady eviction drops them before any scheduled block.
+   *
+   * @returns `true` when the block was already in the tier (nothing was read)
+   */
+  async prefetch(
+    gw: OriginGateway,
+    key: string,
+    info: ObjectInfo,
+    index: number,
+    opts: { tier: "memory" | "disk"; background: boolean },
+  ): Promise<boolean> {
+    const k = this.blockKey(gw.name, key, info.version, index);
+    const disk = opts.tier === "disk" ? this.#disk : undefined;
+    if (disk ? disk.has(k) : this.#memory.has(k)) return true;
+    let bytes = this.#memory.get(k);
+    if (!bytes) {
+      let fill = this.#flights.get(k);
+      if (!fill) {
+        const length = Math.min(this.#blockBytes, info.size - index * this.#blockBytes);
+        fill = new BlockFill(length, this.#partBytes);
+        this.#flights.set(k, fill);
+        this.#runFill(gw, key, info, index, k, fill, opts.background);
+      }
+      bytes = await fill.done;
+    }
+    if (disk) await disk.writeAndWait(k, bytes);
+    return false;
+  }
+
   /** True when a fill of block `index` of this object version is in flight. */
   filling(gw: OriginGateway, key: string, info: ObjectInfo, index: number): boolean {
     return this.#flights.has(this.blockKey(gw.name, key, info.version, index));
@@ -192,7 +225,15 @@ export class BlockCache {
     return fill;
   }
 
-  async #runFill(gw: OriginGateway, key: string, info: ObjectInfo, index: number, k: string, fill: BlockFill): Promise<void> {
+  async #runFill(
+    gw: OriginGateway,
+    key: string,
+    info: ObjectInfo,
+    index: number,
+    k: string,
+    fill: BlockFill,
+    background = false,
+  ): Promise<void> {
     const t0 = this.#now();
     try {
       // Check the lower tier inside the flight: the only place a concurrent fill of the same
@@ -211,7 +252,7 @@ export class BlockCache {
       const parts: Promise<void>[] = [];
       for (let i = 0; i < fill.parts; i++) {
         const [s, e] = fill.partRange(i);
-        parts.push(gw.read(key, info, base + s, buf.subarray(s, e)).then(() => fill.partDone(i)));
+        parts.push(gw.read(key, info, base + s, buf.subarray(s, e), { background }).then(() => fill.partDone(i)));
       }
       await Promise.all(parts);
       this.#memory.set(k, buf);

@@ -201,6 +201,31 @@ export class DiskTier {
     return true;
   }
 
+  /**
+   * Stores a block, waiting for a write slot rather than skipping (prefetch into the NVMe tier).
+   *
+   * @returns true once the block file is in place (also when it already was)
+   */
+  async writeAndWait(key: string, payload: Uint8Array): Promise<boolean> {
+    for (;;) {
+      if (this.#index.has(key)) return true;
+      const pending = this.#pending.get(key);
+      if (pending) {
+        await pending;
+        return this.#index.has(key);
+      }
+      if (this.#pending.size < Math.max(1, this.#maxPending)) break;
+      await Promise.race(this.#pending.values());
+    }
+    const keyBytes = new TextEncoder().encode(key);
+    const fileBytes = FIXED_HEADER + keyBytes.length + payload.length;
+    if (fileBytes > this.#maxBytes || keyBytes.length > 4096) return false;
+    const p = this.#write(key, keyBytes, payload, fileBytes).finally(() => this.#pending.delete(key));
+    this.#pending.set(key, p);
+    await p;
+    return this.#index.has(key);
+  }
+
   async #write(key: string, keyBytes: Uint8Array, payload: Uint8Array, fileBytes: number): Promise<void> {
     // Reserve the space first so that concurrent writes cannot together overshoot the budget.
     this.#reserved += fileBytes;

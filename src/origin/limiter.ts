@@ -3,22 +3,27 @@
 import { OverloadedError } from "../errors.ts";
 
 /**
- * Admits at most `concurrency` operations at once and queues at most `maxQueue` more; the
- * next one is refused with `OverloadedError` (503 + Retry-After) rather than queued without
- * bound. Waiters are served first-come first-served.
+ * At most `concurrency` operations in flight; more wait in a bounded queue (overload beyond it).
+ * Two priorities: foreground (trainers, client requests) and background (prefetch jobs).
+ * Background work never takes the last `reserve` slots and never overtakes a waiting
+ * foreground operation, so warming a rack cannot starve a trainer.
  *
  * @example
  * ```ts
- * const limiter = new ConcurrencyLimiter({ concurrency: 16, maxQueue: 1024, what: 'origin "data"' });
- * const bytes = await limiter.run(() => origin.read(key, info, 0, buf));
+ * const limiter = new ConcurrencyLimiter({ concurrency: 16, maxQueue: 4096, what: 'origin "data"' });
+ * await limiter.run(() => origin.read(key, info, 0, dest));
+ * await limiter.run(() => origin.read(key, info, 0, dest), { background: true });
  * ```
  */
 export class ConcurrencyLimiter {
   readonly #concurrency: number;
   readonly #maxQueue: number;
   readonly #what: string;
+  /** Slots background work may not take. */
+  readonly #reserve: number;
   #active = 0;
   readonly #queue: Array<() => void> = [];
+  readonly #background: Array<() => void> = [];
   #peakQueue = 0;
 
   /**
@@ -35,34 +40,56 @@ export class ConcurrencyLimiter {
     this.#concurrency = opts.concurrency;
     this.#maxQueue = opts.maxQueue;
     this.#what = opts.what;
+    this.#reserve = opts.concurrency === 1 ? 0 : Math.max(1, Math.floor(opts.concurrency / 4));
   }
 
   /**
    * Runs `fn` when a slot is free.
    * @throws {OverloadedError} when the queue is full
    */
-  async run<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.#active >= this.#concurrency) {
-      if (this.#queue.length >= this.#maxQueue) {
+  async run<T>(fn: () => Promise<T>, opts: { background?: boolean } = {}): Promise<T> {
+    const background = opts.background === true;
+    if (this.#mayStart(background)) {
+      this.#active++;
+    } else {
+      if (this.#queue.length + this.#background.length >= this.#maxQueue) {
         throw new OverloadedError(`Too many reads waiting for ${this.#what} (${this.#maxQueue} queued); retry shortly`);
       }
-      await new Promise<void>((resolve) => this.#queue.push(resolve));
-      this.#peakQueue = Math.max(this.#peakQueue, this.#queue.length + 1);
-    } else {
-      this.#active++;
+      // The slot is counted by #dispatch before the waiter resumes, so no arrival overtakes it.
+      await new Promise<void>((resolve) => (background ? this.#background : this.#queue).push(resolve));
+      this.#peakQueue = Math.max(this.#peakQueue, this.#queue.length + this.#background.length + 1);
     }
     try {
       return await fn();
     } finally {
-      // Hand the slot straight to the next waiter so a burst of arrivals cannot overtake it.
-      const next = this.#queue.shift();
-      if (next) next();
-      else this.#active--;
+      this.#active--;
+      this.#dispatch();
+    }
+  }
+
+  #mayStart(background: boolean): boolean {
+    if (!background) return this.#active < this.#concurrency && this.#queue.length === 0;
+    return this.#active < this.#concurrency - this.#reserve && this.#queue.length === 0 && this.#background.length === 0;
+  }
+
+  #dispatch(): void {
+    while (this.#queue.length > 0 && this.#active < this.#concurrency) {
+      this.#active++;
+      this.#queue.shift()!();
+    }
+    while (this.#queue.length === 0 && this.#background.length > 0 && this.#active < this.#concurrency - this.#reserve) {
+      this.#active++;
+      this.#background.shift()!();
     }
   }
 
   /** In-flight and queued counts. */
-  stats(): { active: number; queued: number; peakQueued: number } {
-    return { active: this.#active, queued: this.#queue.length, peakQueued: this.#peakQueue };
+  stats(): { active: number; queued: number; queuedBackground: number; peakQueued: number } {
+    return {
+      active: this.#active,
+      queued: this.#queue.length + this.#background.length,
+      queuedBackground: this.#background.length,
+      peakQueued: this.#peakQueue,
+    };
   }
 }

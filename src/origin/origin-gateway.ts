@@ -114,9 +114,9 @@ export class OriginGateway {
     this.#meta?.delete(key);
   }
 
-  /** Positional read into `dest`, under the concurrency limit. */
-  async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
-    await this.#count("read", () => this.origin.read(key, info, offset, dest));
+  /** Positional read into `dest`, under the concurrency limit (`background`: behind foreground reads). */
+  async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array, opts: { background?: boolean } = {}): Promise<void> {
+    await this.#count("read", () => this.origin.read(key, info, offset, dest), opts.background === true);
     this.#bytes += dest.length;
   }
 
@@ -146,7 +146,7 @@ export class OriginGateway {
     };
   }
 
-  async #count<T>(op: "stat" | "read" | "list", fn: () => Promise<T>): Promise<T> {
+  async #count<T>(op: "stat" | "read" | "list", fn: () => Promise<T>, background = false): Promise<T> {
     return await this.#limiter.run(async () => {
       this.#requests[op]++;
       try {
@@ -155,6 +155,6 @@ export class OriginGateway {
         if (!(isCacheServerError(e) && e.code === "OBJECT_NOT_FOUND")) this.#errors++;
         throw e;
       }
-    });
+    }, { background });
   }
 }

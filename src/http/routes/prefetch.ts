@@ -1,0 +1,78 @@
+/** @module `/prefetch`: start, watch (JSON or Server-Sent Events) and cancel warm jobs. Admin token required. */
+
+import type { Hono } from "hono";
+import { bodyLimit } from "hono/body-limit";
+import { streamSSE } from "hono/streaming";
+import { badRequest } from "../../errors.ts";
+import { parsePrefetchRequest, type PrefetchJobs, type PrefetchProgress } from "../../prefetch/prefetch-jobs.ts";
+import { bearerAuth } from "../middleware/bearer-auth.ts";
+
+/**
+ * Registers the prefetch routes.
+ *
+ * @param app the Hono app
+ * @param deps the jobs and the admin token
+ */
+export function prefetchRoutes(app: Hono, deps: { jobs: PrefetchJobs; adminToken: string | undefined }): void {
+  app.use("/prefetch", bearerAuth({ token: deps.adminToken, required: true, role: "admin" }));
+  app.use("/prefetch/*", bearerAuth({ token: deps.adminToken, required: true, role: "admin" }));
+
+  app.post(
+    "/prefetch",
+    bodyLimit({
+      maxSize: 1 << 20,
+      onError: () => {
+        throw badRequest("Prefetch request too large: at most 1 MiB of JSON");
+      },
+    }),
+    async (c) => {
+      let body: unknown;
+      try {
+        body = await c.req.json();
+      } catch (e) {
+        throw badRequest(`Cannot parse the prefetch request as JSON: ${(e as Error).message}`);
+      }
+      const job = await deps.jobs.submit(parsePrefetchRequest(body));
+      return c.json(job, 202, { location: `/prefetch/${job.id}` });
+    },
+  );
+
+  app.get("/prefetch", (c) => c.json({ jobs: deps.jobs.list() }));
+  app.get("/prefetch/:id", (c) => c.json(deps.jobs.get(c.req.param("id"))));
+  app.delete("/prefetch/:id", (c) => c.json(deps.jobs.cancel(c.req.param("id"))));
+
+  app.get("/prefetch/:id/events", (c) => {
+    const id = c.req.param("id");
+    deps.jobs.get(id); // 404 before the stream starts
+    return streamSSE(c, async (stream) => {
+      // Coalesce: at most one event per 100 ms while running, and always the final one.
+      let latest: PrefetchProgress | undefined;
+      let wake: (() => void) | undefined;
+      const stop = deps.jobs.subscribe(id, (p) => {
+        latest = p;
+        wake?.();
+      });
+      stream.onAbort(() => {
+        stop();
+        wake?.();
+      });
+      try {
+        for (;;) {
+          if (latest) {
+            const p = latest;
+            latest = undefined;
+            await stream.writeSSE({ event: "progress", data: JSON.stringify(p) });
+            if (p.state === "done" || p.state === "failed" || p.state === "cancelled") break;
+            await stream.sleep(100);
+          } else {
+            if (stream.aborted) break;
+            await new Promise<void>((r) => (wake = r));
+            wake = undefined;
+          }
+        }
+      } finally {
+        stop();
+      }
+    });
+  });
+}

@@ -1,0 +1,362 @@
+/**
+ * @module Prefetch jobs: warm the cache by object prefix (listing the origin) or by dataset step
+ * range, into the memory or NVMe tier, with live progress. Jobs read at background priority, so
+ * trainers keep the origin's foreground slots.
+ */
+
+import { planSamples, unpackBlock } from "../batch/assemble-batch.ts";
+import type { DatasetCatalog } from "../batch/dataset-catalog.ts";
+import { stepSamples } from "../batch/read-ahead.ts";
+import type { BlockCache } from "../cache/block-cache.ts";
+import { badRequest, CacheServerError } from "../errors.ts";
+import { validateObjectKey } from "../origin/object-key.ts";
+import type { ObjectInfo } from "../origin/origin.ts";
+import type { OriginGateway } from "../origin/origin-gateway.ts";
+
+/** Lifecycle of a job. */
+export type PrefetchState = "queued" | "running" | "done" | "failed" | "cancelled";
+
+/** What `POST /prefetch` accepts. */
+export type PrefetchRequest =
+  | { readonly objects: readonly string[]; readonly tier: "memory" | "disk" }
+  | {
+    readonly dataset: string;
+    readonly steps: readonly [number, number];
+    readonly rank: number;
+    readonly world: number;
+    readonly microBatch: number;
+    readonly tier: "memory" | "disk";
+  };
+
+/** A job's progress, as `GET /prefetch/{id}` and its event stream report it. */
+export interface PrefetchProgress {
+  readonly id: string;
+  readonly state: PrefetchState;
+  readonly tier: "memory" | "disk";
+  /** What was asked, in words. */
+  readonly what: string;
+  readonly objectsDone: number;
+  readonly objectsTotal: number;
+  readonly blocksDone: number;
+  readonly blocksTotal: number;
+  /** Blocks that were already in the tier (no origin read). */
+  readonly blocksCached: number;
+  readonly bytesDone: number;
+  readonly bytesTotal: number;
+  /** Bytes per second since the job started running. */
+  readonly rate: number;
+  /** Seconds until done at the current rate; null when unknown. */
+  readonly etaSeconds: number | null;
+  readonly startedAt: string | null;
+  readonly finishedAt: string | null;
+  readonly error: string | null;
+}
+
+/** Options of `PrefetchJobs`. */
+export interface PrefetchJobsOptions {
+  readonly origins: ReadonlyMap<string, OriginGateway>;
+  readonly cache: BlockCache;
+  readonly catalog: DatasetCatalog;
+  /** Byte budgets of the tiers, to refuse a job that cannot fit. */
+  readonly tierBytes: { readonly memory: number; readonly disk: number };
+  /** Blocks fetched at once per job. */
+  readonly parallelBlocks: number;
+  /** Most jobs remembered (finished ones are forgotten oldest first). */
+  readonly maxJobs: number;
+  /** Most objects one job may list. */
+  readonly maxObjects: number;
+  /** Wall clock, ms since the epoch (for timestamps and rates). */
+  readonly clock: () => number;
+  readonly log: (message: string, err?: unknown) => void;
+}
+
+interface Job {
+  progress: {
+    -readonly [K in keyof PrefetchProgress]: PrefetchProgress[K];
+  };
+  readonly abort: AbortController;
+  readonly listeners: Set<(p: PrefetchProgress) => void>;
+  startedMs: number;
+}
+
+interface BlockTask {
+  readonly gw: OriginGateway;
+  readonly key: string;
+  readonly info: ObjectInfo;
+  readonly index: number;
+  readonly bytes: number;
+  /** Index of the object this block belongs to, for objectsDone. */
+  readonly object: number;
+}
+
+const FINAL: ReadonlySet<PrefetchState> = new Set(["done", "failed", "cancelled"]);
+
+/**
+ * The prefetch jobs of a server.
+ *
+ * @example
+ * ```ts
+ * const jobs = new PrefetchJobs({ origins, cache, catalog, tierBytes, parallelBlocks: 8, maxJobs: 100, maxObjects: 100_000, clock: Date.now, log });
+ * const { id } = await jobs.submit(parsePrefetchRequest(body));
+ * jobs.subscribe(id, (p) => console.log(p.bytesDone, p.bytesTotal));
+ * ```
+ */
+export class PrefetchJobs {
+  readonly #opts: PrefetchJobsOptions;
+  readonly #jobs = new Map<string, Job>();
+  #seq = 0;
+
+  /** @param opts origins, cache, catalog and bounds */
+  constructor(opts: PrefetchJobsOptions) {
+    this.#opts = opts;
+  }
+
+  /**
+   * Plans a job (listing objects or planning steps), refuses one that cannot fit its tier, and
+   * starts it.
+   *
+   * @throws {CacheServerError} `BAD_REQUEST` when it names nothing, or more than the tier holds
+   */
+  async submit(req: PrefetchRequest): Promise<PrefetchProgress> {
+    const { tasks, what, objects } = await this.#plan(req);
+    const bytesTotal = tasks.reduce((a, t) => a + t.bytes, 0);
+    const budget = this.#opts.tierBytes[req.tier];
+    if (bytesTotal > budget) {
+      throw badRequest(
+        `Prefetch of ${what} needs ${bytesTotal} bytes, more than the ${req.tier} tier holds (${budget} bytes); ` +
+          `it would evict its own blocks. Prefetch less, or into the ${req.tier === "memory" ? "disk" : "a larger disk"} tier`,
+      );
+    }
+    const id = `p${(++this.#seq).toString(36)}-${Math.floor(this.#opts.clock()).toString(36)}`;
+    const job: Job = {
+      progress: {
+        id,
+        state: "queued",
+        tier: req.tier,
+        what,
+        objectsDone: 0,
+        objectsTotal: objects,
+        blocksDone: 0,
+        blocksTotal: tasks.length,
+        blocksCached: 0,
+        bytesDone: 0,
+        bytesTotal,
+        rate: 0,
+        etaSeconds: null,
+        startedAt: null,
+        finishedAt: null,
+        error: null,
+      },
+      abort: new AbortController(),
+      listeners: new Set(),
+      startedMs: 0,
+    };
+    this.#remember(id, job);
+    void this.#run(job, tasks);
+    return { ...job.progress };
+  }
+
+  /** A job's progress now. */
+  get(id: string): PrefetchProgress {
+    return { ...this.#job(id).progress };
+  }
+
+  /** Every remembered job, newest first. */
+  list(): PrefetchProgress[] {
+    return [...this.#jobs.values()].reverse().map((j) => ({ ...j.progress }));
+  }
+
+  /** Cancels a job: no new reads start; reads in flight finish. */
+  cancel(id: string): PrefetchProgress {
+    const job = this.#job(id);
+    if (!FINAL.has(job.progress.state)) {
+      job.abort.abort();
+      this.#finish(job, "cancelled", null);
+    }
+    return { ...job.progress };
+  }
+
+  /**
+   * Calls `fn` with the job's progress now and on every change until it ends.
+   *
+   * @returns a function that stops the calls
+   */
+  subscribe(id: string, fn: (p: PrefetchProgress) => void): () => void {
+    const job = this.#job(id);
+    fn({ ...job.progress });
+    if (FINAL.has(job.progress.state)) return () => {};
+    job.listeners.add(fn);
+    return () => job.listeners.delete(fn);
+  }
+
+  /** Cancels every job (shutdown). */
+  close(): void {
+    for (const j of this.#jobs.values()) if (!FINAL.has(j.progress.state)) this.cancel(j.progress.id);
+  }
+
+  #job(id: string): Job {
+    const job = this.#jobs.get(id);
+    if (!job) throw new CacheServerError("NOT_FOUND", `Unknown prefetch job "${id}"`);
+    return job;
+  }
+
+  #remember(id: string, job: Job): void {
+    if (this.#jobs.size >= this.#opts.maxJobs) {
+      for (const [k, j] of this.#jobs) {
+        if (FINAL.has(j.progress.state)) {
+          this.#jobs.delete(k);
+          break;
+        }
+      }
+      if (this.#jobs.size >= this.#opts.maxJobs) {
+        throw badRequest(`Too many prefetch jobs running (${this.#opts.maxJobs}); wait for one to finish or cancel one`);
+      }
+    }
+    this.#jobs.set(id, job);
+  }
+
+  async #plan(req: PrefetchRequest): Promise<{ tasks: BlockTask[]; what: string; objects: number }> {
+    const blockBytes = this.#opts.cache.blockBytes;
+    const tasks: BlockTask[] = [];
+    if ("objects" in req) {
+      let objects = 0;
+      for (const spec of req.objects) {
+        const slash = spec.indexOf("/");
+        const originName = slash < 0 ? spec : spec.slice(0, slash);
+        const prefix = slash < 0 ? "" : spec.slice(slash + 1);
+        const gw = this.#opts.origins.get(originName);
+        if (!gw) {
+          throw badRequest(
+            `Invalid prefetch object prefix "${spec}": unknown origin "${originName}"; configured: ${[...this.#opts.origins.keys()].join(", ")}`,
+          );
+        }
+        if (prefix !== "") validateObjectKey(prefix.replace(/\/+$/, "") || "x");
+        const listed = await gw.list(prefix, this.#opts.maxObjects - objects + 1);
+        if (objects + listed.length > this.#opts.maxObjects) {
+          throw badRequest(`Prefetch of "${spec}" lists more than ${this.#opts.maxObjects} objects; name narrower prefixes`);
+        }
+        for (const o of listed) {
+          const info = await gw.stat(o.key);
+          for (let b = 0; b * blockBytes < info.size; b++) {
+            tasks.push({ gw, key: o.key, info, index: b, bytes: Math.min(blockBytes, info.size - b * blockBytes), object: objects });
+          }
+          objects++;
+        }
+      }
+      if (objects === 0) throw badRequest(`Prefetch of ${req.objects.join(", ")} found no objects`);
+      return { tasks, what: `objects ${req.objects.join(", ")}`, objects };
+    }
+    const reg = await this.#opts.catalog.get(req.dataset);
+    const [from, to] = req.steps;
+    const seen = new Set<number>();
+    for (let step = from; step < to; step++) {
+      const first = stepSamples(step, req.rank, req.world, req.microBatch);
+      const plan = planSamples(reg, first, req.microBatch, blockBytes);
+      for (const packed of plan.blocks) {
+        if (seen.has(packed)) continue;
+        seen.add(packed);
+        const { source, index } = unpackBlock(packed);
+        const f = reg.files[source];
+        tasks.push({
+          gw: f.gw,
+          key: f.binKey,
+          info: f.bin,
+          index,
+          bytes: Math.min(blockBytes, f.bin.size - index * blockBytes),
+          object: source,
+        });
+      }
+    }
+    return {
+      tasks,
+      what: `dataset ${req.dataset} steps ${from}-${to - 1} (rank ${req.rank}, world ${req.world}, micro_batch ${req.microBatch})`,
+      objects: reg.files.length,
+    };
+  }
+
+  async #run(job: Job, tasks: BlockTask[]): Promise<void> {
+    const p = job.progress;
+    p.state = "running";
+    job.startedMs = this.#opts.clock();
+    p.startedAt = new Date(job.startedMs).toISOString();
+    this.#emit(job);
+    const remainingPerObject = new Map<number, number>();
+    for (const t of tasks) remainingPerObject.set(t.object, (remainingPerObject.get(t.object) ?? 0) + 1);
+    let next = 0;
+    const worker = async () => {
+      while (next < tasks.length && !job.abort.signal.aborted) {
+        const t = tasks[next++];
+        const cached = await this.#opts.cache.prefetch(t.gw, t.key, t.info, t.index, { tier: p.tier, background: true });
+        if (job.abort.signal.aborted) return;
+        p.blocksDone++;
+        if (cached) p.blocksCached++;
+        p.bytesDone += t.bytes;
+        const left = remainingPerObject.get(t.object)! - 1;
+        remainingPerObject.set(t.object, left);
+        if (left === 0) p.objectsDone++;
+        this.#emit(job);
+      }
+    };
+    try {
+      await Promise.all(Array.from({ length: Math.min(this.#opts.parallelBlocks, tasks.length) }, worker));
+      if (!job.abort.signal.aborted) this.#finish(job, "done", null);
+    } catch (e) {
+      job.abort.abort();
+      this.#opts.log(`Prefetch ${p.id} failed`, e);
+      if (!FINAL.has(p.state)) this.#finish(job, "failed", (e as Error).message);
+    }
+  }
+
+  #finish(job: Job, state: PrefetchState, error: string | null): void {
+    job.progress.state = state;
+    job.progress.error = error;
+    job.progress.finishedAt = new Date(this.#opts.clock()).toISOString();
+    this.#emit(job);
+    job.listeners.clear();
+  }
+
+  #emit(job: Job): void {
+    const p = job.progress;
+    const seconds = (this.#opts.clock() - job.startedMs) / 1000;
+    p.rate = seconds > 0 ? p.bytesDone / seconds : 0;
+    p.etaSeconds = p.state === "done" ? 0 : p.rate > 0 ? (p.bytesTotal - p.bytesDone) / p.rate : null;
+    const snapshot = { ...p };
+    for (const fn of job.listeners) fn(snapshot);
+  }
+}
+
+/**
+ * Validates a `POST /prefetch` body.
+ *
+ * @throws {CacheServerError} `BAD_REQUEST` naming the field
+ */
+export function parsePrefetchRequest(body: unknown): PrefetchRequest {
+  if (typeof body !== "object" || body === null || Array.isArray(body)) {
+    throw badRequest('Invalid prefetch request: expected a JSON object with "objects" or "dataset"');
+  }
+  const b = body as Record<string, unknown>;
+  const tier = b.tier ?? "disk";
+  if (tier !== "disk" && tier !== "memory") throw badRequest(`Invalid prefetch "tier": expected "disk" or "memory", received ${JSON.stringify(b.tier)}`);
+  if ("objects" in b) {
+    if (!Array.isArray(b.objects) || b.objects.length === 0 || b.objects.length > 1000 || !b.objects.every((o) => typeof o === "string" && o.length > 0)) {
+      throw badRequest('Invalid prefetch "objects": expected 1-1000 strings "{origin}/prefix"');
+    }
+    return { objects: b.objects as string[], tier };
+  }
+  if (typeof b.dataset !== "string") throw badRequest('Invalid prefetch request: expected "objects" or "dataset"');
+  const int = (name: string, min: number, fallback?: number): number => {
+    const v = b[name] ?? fallback;
+    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min) {
+      throw badRequest(`Invalid prefetch "${name}": expected an integer >= ${min}, received ${JSON.stringify(b[name])}`);
+    }
+    return v;
+  };
+  const steps = b.steps;
+  if (!Array.isArray(steps) || steps.length !== 2 || !steps.every((s) => Number.isSafeInteger(s) && s >= 0) || steps[1] <= steps[0]) {
+    throw badRequest(`Invalid prefetch "steps": expected [from, to] with 0 <= from < to, received ${JSON.stringify(steps)}`);
+  }
+  const world = int("world", 1, 1);
+  const rank = int("rank", 0, 0);
+  if (rank >= world) throw badRequest(`Invalid prefetch "rank": ${rank} is not below "world" ${world}`);
+  return { dataset: b.dataset, steps: [steps[0], steps[1]], rank, world, microBatch: int("micro_batch", 1), tier };
+}

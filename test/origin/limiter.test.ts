@@ -1,0 +1,51 @@
+import { describe, expect, it } from "vitest";
+import { OverloadedError } from "../../src/errors.ts";
+import { ConcurrencyLimiter } from "../../src/origin/limiter.ts";
+
+function gate() {
+  let open!: () => void;
+  const p = new Promise<void>((r) => (open = r));
+  return { p, open };
+}
+
+describe("ConcurrencyLimiter", () => {
+  it("never runs more than its concurrency and refuses beyond its queue", async () => {
+    const l = new ConcurrencyLimiter({ concurrency: 2, maxQueue: 1, what: "test" });
+    const g = gate();
+    let running = 0;
+    let peak = 0;
+    const job = () => l.run(async () => {
+      running++;
+      peak = Math.max(peak, running);
+      await g.p;
+      running--;
+    });
+    const a = [job(), job(), job()];
+    await expect(job()).rejects.toBeInstanceOf(OverloadedError);
+    g.open();
+    await Promise.all(a);
+    expect(peak).toBe(2);
+  });
+
+  it("keeps a quarter of the slots for foreground work and lets foreground overtake queued background work", async () => {
+    const l = new ConcurrencyLimiter({ concurrency: 4, maxQueue: 100, what: "test" });
+    const g = gate();
+    const order: string[] = [];
+    const bg = Array.from({ length: 6 }, (_, i) => l.run(async () => {
+      order.push(`bg${i}`);
+      await g.p;
+    }, { background: true }));
+    await new Promise((r) => setTimeout(r, 0));
+    expect(l.stats()).toMatchObject({ active: 3, queuedBackground: 3 }); // one slot kept free
+    const fg = [l.run(async () => void order.push("fg0")), l.run(async () => {
+      order.push("fg1");
+      await g.p;
+    })];
+    await new Promise((r) => setTimeout(r, 0));
+    expect(order).toContain("fg0"); // took the reserved slot at once
+    g.open();
+    await Promise.all([...bg, ...fg]);
+    // fg1 waited behind the busy slots but still ran before the queued background jobs.
+    expect(order.indexOf("fg1")).toBeLessThan(order.indexOf("bg3"));
+  });
+});

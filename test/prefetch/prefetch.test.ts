@@ -1,0 +1,181 @@
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { FsOrigin } from "../../src/origin/fs-origin.ts";
+import type { ObjectInfo } from "../../src/origin/origin.ts";
+import { makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { syntheticDataset } from "../helpers/token-data.ts";
+
+const ADMIN = "admin-token-for-tests";
+const KiB = 1024;
+let ws: Workspace;
+const servers: RunningServer[] = [];
+
+beforeEach(async () => {
+  ws = await makeWorkspace();
+});
+afterEach(async () => {
+  for (const s of servers.splice(0)) await s.close();
+  await ws.remove();
+});
+
+/** An fs origin that takes `delayMs` per read and counts reads. */
+class SlowOrigin extends FsOrigin {
+  reads = 0;
+  constructor(root: string, readonly delayMs: number) {
+    super({ name: "data", root });
+  }
+  override async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
+    this.reads++;
+    await new Promise((r) => setTimeout(r, this.delayMs));
+    return await super.read(key, info, offset, dest);
+  }
+}
+
+async function start(args: string[] = [], origin?: SlowOrigin): Promise<RunningServer> {
+  const s = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "16KiB", ...args], origin ? { makeOrigin: () => origin } : {});
+  servers.push(s);
+  return s;
+}
+
+const auth = { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" };
+
+async function submit(rf: RunningServer, body: unknown): Promise<Response> {
+  return await fetch(`${rf.url}/prefetch`, { method: "POST", headers: auth, body: JSON.stringify(body) });
+}
+
+async function waitDone(rf: RunningServer, id: string): Promise<Record<string, unknown>> {
+  for (let i = 0; i < 500; i++) {
+    const p = await (await fetch(`${rf.url}/prefetch/${id}`, { headers: auth })).json();
+    if (["done", "failed", "cancelled"].includes(p.state)) return p;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  throw new Error(`prefetch ${id} did not finish`);
+}
+
+describe("POST /prefetch by object prefix", () => {
+  it("fills exactly the blocks of the listed objects into the disk tier, with progress that adds up", async () => {
+    const sizes = { "p/a.bin": 10 * KiB, "p/b.bin": 64 * KiB + 1, "p/sub/c.bin": 40 * KiB, "q/other.bin": 50 * KiB };
+    for (const [k, n] of Object.entries(sizes)) await ws.put(k, patternBytes(n, n));
+    const rf = await start();
+    const res = await submit(rf, { objects: ["data/p/"], tier: "disk" });
+    expect(res.status).toBe(202);
+    const job = await res.json();
+    expect(res.headers.get("location")).toBe(`/prefetch/${job.id}`);
+    const done = await waitDone(rf, job.id);
+    const blocks = 1 + 5 + 3; // ceil(size / 16 KiB) of a, b, c; q/ is not under the prefix
+    expect(done).toMatchObject({
+      state: "done",
+      objectsDone: 3,
+      objectsTotal: 3,
+      blocksDone: blocks,
+      blocksTotal: blocks,
+      blocksCached: 0,
+      bytesDone: 10 * KiB + 64 * KiB + 1 + 40 * KiB,
+      bytesTotal: 10 * KiB + 64 * KiB + 1 + 40 * KiB,
+      etaSeconds: 0,
+      error: null,
+    });
+    expect(await rf.metric("rackfeed_cache_blocks", { tier: "disk" })).toBe(blocks);
+    expect(await rf.metric("rackfeed_origin_bytes_total", { origin: "data" })).toBe(114 * KiB + 1);
+
+    // A second run finds everything cached and reads nothing.
+    const again = await waitDone(rf, (await (await submit(rf, { objects: ["data/p/"] })).json()).id);
+    expect(again).toMatchObject({ state: "done", blocksCached: blocks });
+    expect(await rf.metric("rackfeed_origin_bytes_total", { origin: "data" })).toBe(114 * KiB + 1);
+  });
+
+  it("refuses up front a prefetch larger than the tier, naming both sizes", async () => {
+    await ws.put("big/x.bin", new Uint8Array(3 * 1024 * KiB));
+    const rf = await start(["--memory-bytes", "2MiB"]);
+    const res = await submit(rf, { objects: ["data/big/"], tier: "memory" });
+    expect(res.status).toBe(400);
+    expect((await res.json()).message).toMatch(/needs 3145728 bytes, more than the memory tier holds \(2097152 bytes\)/);
+  });
+
+  it("refuses bad requests with 400 naming the field, and unknown jobs with 404", async () => {
+    const rf = await start();
+    for (const [body, msg] of [
+      [{}, /"objects" or "dataset"/],
+      [{ objects: [] }, /objects/],
+      [{ objects: ["nowhere/x"] }, /unknown origin "nowhere"/],
+      [{ objects: ["data/none/"] }, /found no objects/],
+      [{ objects: ["data/"], tier: "gpu" }, /tier/],
+      [{ dataset: "d", steps: [5, 2], micro_batch: 1 }, /steps/],
+    ] as const) {
+      const res = await submit(rf, body);
+      expect(res.status, JSON.stringify(body)).toBe(400);
+      expect((await res.json()).message).toMatch(msg);
+    }
+    expect((await fetch(`${rf.url}/prefetch/nope`, { headers: auth })).status).toBe(404);
+  });
+
+  it("needs the admin token", async () => {
+    const rf = await start();
+    expect((await fetch(`${rf.url}/prefetch`, { method: "POST", body: "{}" })).status).toBe(401);
+    expect((await fetch(`${rf.url}/prefetch`)).status).toBe(401);
+    const open = await startServer(ws);
+    servers.push(open);
+    expect((await fetch(`${open.url}/prefetch`, { method: "POST", headers: auth, body: "{}" })).status).toBe(403);
+  });
+});
+
+describe("prefetch jobs", () => {
+  it("stop reading from the origin when cancelled", async () => {
+    await ws.put("slow/x.bin", new Uint8Array(64 * 16 * KiB)); // 64 blocks
+    const origin = new SlowOrigin(ws.origin, 30);
+    const rf = await start(["--origin-concurrency", "4"], origin);
+    const job = await (await submit(rf, { objects: ["data/slow/"] })).json();
+    await new Promise((r) => setTimeout(r, 100));
+    const cancelled = await (await fetch(`${rf.url}/prefetch/${job.id}`, { method: "DELETE", headers: auth })).json();
+    expect(cancelled.state).toBe("cancelled");
+    await new Promise((r) => setTimeout(r, 100)); // reads in flight finish
+    const after = origin.reads;
+    await new Promise((r) => setTimeout(r, 300));
+    expect(origin.reads).toBe(after);
+    expect(after).toBeLessThan(64);
+    expect((await (await fetch(`${rf.url}/prefetch/${job.id}`, { headers: auth })).json()).state).toBe("cancelled");
+  });
+
+  it("streams progress as Server-Sent Events that parse, end with the final state, and never go backwards", async () => {
+    await ws.put("sse/x.bin", new Uint8Array(20 * 16 * KiB));
+    const rf = await start([], new SlowOrigin(ws.origin, 5));
+    const job = await (await submit(rf, { objects: ["data/sse/"] })).json();
+    const res = await fetch(`${rf.url}/prefetch/${job.id}/events`, { headers: auth });
+    expect(res.headers.get("content-type")).toMatch(/text\/event-stream/);
+    const text = await res.text();
+    const events = text.split("\n\n").filter((e) => e.trim()).map((e) => {
+      expect(e).toMatch(/^event: progress\ndata: /);
+      return JSON.parse(e.split("\n").find((l) => l.startsWith("data: "))!.slice(6));
+    });
+    expect(events.length).toBeGreaterThan(1);
+    expect(events.at(-1)).toMatchObject({ state: "done", bytesDone: 20 * 16 * KiB, bytesTotal: 20 * 16 * KiB });
+    for (let i = 1; i < events.length; i++) expect(events[i].bytesDone).toBeGreaterThanOrEqual(events[i - 1].bytesDone);
+  });
+
+  it("by dataset steps fills exactly the blocks those batches need", async () => {
+    const { idx, bin } = syntheticDataset(2000, 100, 1500);
+    await ws.put("tok/d.idx", idx);
+    await ws.put("tok/d.bin", bin);
+    const rf = await start(["--read-ahead-seconds", "0", "--memory-bytes", "64MiB"]);
+    const reg = await fetch(`${rf.url}/v1/datasets/d`, {
+      method: "PUT",
+      headers: auth,
+      body: JSON.stringify({ sources: [{ prefix: "data/tok/d" }], seq_length: 256, seed: 3, split: "100,0,0", split_index: 0, num_samples: 2000 }),
+    });
+    expect(reg.status).toBe(201);
+    const readsBefore = await rf.metric("rackfeed_origin_requests_total", { origin: "data", op: "read" });
+    const job = await (await submit(rf, { dataset: "d", steps: [3, 8], rank: 1, world: 2, micro_batch: 4, tier: "memory" })).json();
+    const done = await waitDone(rf, job.id);
+    expect(done.state).toBe("done");
+    const reads = (await rf.metric("rackfeed_origin_requests_total", { origin: "data", op: "read" })) - readsBefore;
+    expect(reads).toBe(done.blocksTotal); // one read per block (part = block here)
+    for (let step = 3; step < 8; step++) {
+      const res = await fetch(`${rf.url}/v1/datasets/d/batches/${step}?rank=1&world=2&micro_batch=4`);
+      await res.arrayBuffer();
+      expect(res.headers.get("x-rackfeed-cache"), `step ${step}`).toBe("hit");
+    }
+    const other = await fetch(`${rf.url}/v1/datasets/d/batches/9?rank=1&world=2&micro_batch=4`);
+    await other.arrayBuffer();
+    expect(other.headers.get("x-rackfeed-cache")).toBe("miss"); // not part of the job
+    expect(await rf.metric("rackfeed_origin_requests_total", { origin: "data", op: "read" })).toBeGreaterThan(readsBefore + reads);
+  });
+});
