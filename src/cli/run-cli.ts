@@ -1,6 +1,7 @@
 /** @module The `rackfeed` command line: `serve`, and the embedded demo when no command is given. */
 
 import { ConfigError, loadConfig } from "../config/load.ts";
+import { ADMIN_USAGE, prefetchCommand, statsCommand } from "./admin-commands.ts";
 import { TUNABLES } from "../config/defaults.ts";
 import { DEMO_TOKEN_DATASET, ensureDemoDataset } from "../demo/demo-dataset.ts";
 import type { Listen } from "../runtime/listener.ts";
@@ -20,6 +21,8 @@ export interface CliHost {
   readonly onShutdown: (handler: () => void) => void;
   /** e.g. "deno 2.9.6", for the start-up line. */
   readonly runtime: string;
+  /** Where `prefetch --watch` draws its progress bar (stderr when it is a terminal). */
+  readonly progressStream?: NodeJS.WritableStream;
 }
 
 /** Exit codes: 0 ok, 1 runtime failure, 2 bad usage or configuration. */
@@ -30,6 +33,7 @@ const USAGE = `Usage:
                  [--cache-dir DIR] [--memory-bytes SIZE] [--disk-bytes SIZE] [--block-bytes SIZE]
                  [--read-token T] [--admin-token T] [more: see README]
   rackfeed demo  [serve flags]   (also: no command) serve a generated local demo dataset
+${ADMIN_USAGE}
 
   URL: s3://bucket/prefix (endpoint, region, credentials: AWS SDK chain, e.g. AWS_ENDPOINT_URL),
        /absolute/path or file:///path
@@ -60,11 +64,9 @@ export async function runCli(host: CliHost): Promise<ExitCode> {
     }
     return await serve(host, rest, false);
   }
-  if (command === "prefetch" || command === "stats") {
-    host.printError(`rackfeed ${command}: not available in this version yet; see the README for what is`);
-    return 2;
-  }
-  host.printError(`Unknown command "${command}"; expected serve or demo\n\n${USAGE}`);
+  if (command === "prefetch") return await prefetchCommand(rest, host);
+  if (command === "stats") return await statsCommand(rest, host);
+  host.printError(`Unknown command "${command}"; expected serve, demo, prefetch or stats\n\n${USAGE}`);
   return 2;
 }
 

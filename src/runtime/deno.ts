@@ -1,5 +1,6 @@
 /** @module Deno adapter: HTTP via Deno.serve, arguments, environment and signals. */
 
+import nodeProcess from "node:process";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
 
@@ -49,5 +50,6 @@ export function denoHost(): CliHost {
       }
     },
     runtime: `deno ${Deno.version.deno}`,
+    progressStream: Deno.stderr.isTerminal() ? nodeProcess.stderr : undefined,
   };
 }

@@ -53,5 +53,6 @@ export function nodeHost(): CliHost {
       }
     },
     runtime: `node ${process.version}`,
+    progressStream: process.stderr.isTTY ? process.stderr : undefined,
   };
 }

@@ -1,0 +1,73 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { parseMetrics, renderStats } from "../../src/cli/admin-commands.ts";
+import { makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { NODE, NODE_TS, ROOT, runToExit } from "../helpers/spawn.ts";
+
+const ADMIN = "admin-token-for-tests";
+const entry = `${ROOT}src/main.node.ts`;
+let ws: Workspace;
+let rf: RunningServer;
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  for (let i = 0; i < 4; i++) await ws.put(`warm/${i}.bin`, patternBytes(100_000, i));
+  rf = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "64KiB"]);
+});
+afterAll(async () => {
+  await rf.close();
+  await ws.remove();
+});
+
+describe("rackfeed prefetch", () => {
+  it("--watch follows the job to the end and prints a summary that adds up", async () => {
+    const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "prefetch", "--server", rf.url, "--objects", "data/warm/", "--watch", "--admin-token", ADMIN]);
+    expect(code, out).toBe(0);
+    expect(out).toMatch(/prefetch p\w+-\w+: objects data\/warm\/ → disk tier, 390\.6 KiB in 8 blocks/);
+    expect(out).toMatch(/prefetch p\S+ done: 390\.6 KiB of 390\.6 KiB, 4\/4 objects, 8\/8 blocks \(0 already cached\)/);
+    expect(await rf.metric("rackfeed_cache_blocks", { tier: "disk" })).toBe(8);
+  });
+
+  it("exits 2 with the server's message when the admin token is missing", async () => {
+    const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "prefetch", "--server", rf.url, "--objects", "data/warm/"]);
+    expect(code).toBe(2);
+    expect(out).toMatch(/answered 401: Missing or wrong admin token/);
+  });
+
+  it("exits 2 on bad usage, naming what to fix", async () => {
+    const both = await runToExit(NODE, [...NODE_TS, entry, "prefetch", "--server", rf.url, "--objects", "a/", "--dataset", "d"]);
+    expect(both.code).toBe(2);
+    expect(both.out).toMatch(/either --objects .* or --dataset/);
+    const steps = await runToExit(NODE, [...NODE_TS, entry, "prefetch", "--server", rf.url, "--dataset", "d", "--steps", "5"]);
+    expect(steps.code).toBe(2);
+    expect(steps.out).toMatch(/--steps must be A:B/);
+  });
+});
+
+describe("rackfeed stats", () => {
+  it("prints hit rate per tier, tier usage and origin traffic", async () => {
+    await (await fetch(`${rf.url}/v1/objects/data/warm/0.bin`)).arrayBuffer();
+    const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "stats", "--server", rf.url]);
+    expect(code, out).toBe(0);
+    expect(out).toMatch(/hit rate\s+memory \d+\.\d% \(\d+\)\s+disk/);
+    const bytes = await rf.metric("rackfeed_origin_bytes_total", { origin: "data" });
+    const reads = await rf.metric("rackfeed_origin_requests_total", { origin: "data", op: "read" });
+    expect(out).toMatch(/memory tier [\d.]+ KiB of 1 GiB \(0\.0%\), \d+ blocks/);
+    expect(out).toMatch(/disk\s+tier [\d.]+ KiB of 16 GiB/);
+    expect(out).toContain(`data: ${(bytes / 1024).toFixed(1)} KiB read, ${reads} reads`);
+  });
+
+  it("renders consumers with their look-ahead from the metrics", () => {
+    const lines = renderStats(parseMetrics([
+      'rackfeed_readahead_steps{dataset="pile",rank="3",world="8",micro_batch="4"} 12',
+      'rackfeed_readahead_seconds{dataset="pile",rank="3",world="8",micro_batch="4"} 0.24',
+      'rackfeed_consumer_step_seconds{dataset="pile",rank="3",world="8",micro_batch="4"} 0.02',
+    ].join("\n")));
+    expect(lines).toContain("  pile 3/8 × 4: 12 steps, 0.24 s buffered, 20.0 ms/step");
+  });
+
+  it("exits 1 with a clear message when the server cannot be reached", async () => {
+    const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "stats", "--server", "http://127.0.0.1:1"]);
+    expect(code).toBe(1);
+    expect(out).toMatch(/cannot read http:\/\/127\.0\.0\.1:1\/metrics/);
+  });
+});
