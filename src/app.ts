@@ -1,6 +1,7 @@
 /** @module `createApp(deps)`: the Hono app built from injected parts; what tests drive with `app.request()`. */
 
 import { Hono } from "hono";
+import type { BatchStats } from "./batch/batch-stats.ts";
 import type { DatasetCatalog } from "./batch/dataset-catalog.ts";
 import type { ReadAhead } from "./batch/read-ahead.ts";
 import type { BlockCache } from "./cache/block-cache.ts";
@@ -26,6 +27,7 @@ export interface AppDeps {
   readonly datasets: DatasetCatalog;
   readonly readAhead: ReadAhead;
   readonly prefetch: PrefetchJobs;
+  readonly batchStats: BatchStats;
   /** Token for read routes; undefined leaves them open. */
   readonly readToken: string | undefined;
   /** Token for admin routes; undefined closes them. */
@@ -65,6 +67,7 @@ export function createApp(deps: AppDeps): Hono {
     maxBatchBytes: deps.maxBatchBytes,
     now: deps.now,
     onBatch: (s, cache) => deps.metrics.batchSeconds.observe({ cache }, s),
+    stats: deps.batchStats,
   });
   prefetchRoutes(app, { jobs: deps.prefetch, adminToken: deps.adminToken });
   app.all("/v1/objects/*", () => {

@@ -2,6 +2,7 @@
 
 import type { Hono } from "hono";
 import { createApp } from "./app.ts";
+import { BatchStats } from "./batch/batch-stats.ts";
 import { DatasetCatalog } from "./batch/dataset-catalog.ts";
 import { ReadAhead } from "./batch/read-ahead.ts";
 import { PrefetchJobs } from "./prefetch/prefetch-jobs.ts";
@@ -26,6 +27,7 @@ export interface RackfeedServer {
   readonly metrics: Metrics;
   readonly datasets: DatasetCatalog;
   readonly prefetch: PrefetchJobs;
+  readonly batchStats: BatchStats;
   /** Waits for fills and disk writes in flight, then closes origins. */
   close(): Promise<void>;
 }
@@ -120,7 +122,14 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     clock: () => Date.now(),
     log: env.log,
   });
+  const batchStats = new BatchStats({
+    slowSeconds: config.slowBatch / 1000,
+    keep: 100,
+    clock: () => Date.now(),
+    log: (line) => env.log(line),
+  });
   metrics = new Metrics({
+    batches: () => batchStats,
     lookahead: () => readAhead.lookahead(),
     readAheadBlocks: () => readAhead.blocksWarmed,
     cache: () => cache.stats(),
@@ -145,6 +154,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     datasets,
     readAhead,
     prefetch,
+    batchStats,
     readToken: config.readToken,
     adminToken: config.adminToken,
     maxBatchBytes: config.maxBatchBytes,
@@ -159,6 +169,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     metrics,
     datasets,
     prefetch,
+    batchStats,
     async close() {
       prefetch.close();
       await cache.close();

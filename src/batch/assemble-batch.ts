@@ -31,6 +31,13 @@ export interface AssembledBatch {
   readonly blocksMissing: number;
   /** Blocks whose fill (usually started by read-ahead) was still in flight. */
   readonly blocksFilling: number;
+  /** Where the blocks came from: already in memory, or a disk or origin fill started or joined. */
+  readonly fromMemory: number;
+  readonly fromDisk: number;
+  readonly fromOrigin: number;
+  /** Seconds waiting for blocks, and seconds planning + copying. */
+  readonly fetchSeconds: number;
+  readonly copySeconds: number;
   readonly blocksTotal: number;
 }
 
@@ -98,7 +105,9 @@ export async function assembleSamples(
   first: number,
   count: number,
   maxBytes: number,
+  now: () => number = () => performance.now(),
 ): Promise<AssembledBatch> {
+  const t0 = now();
   const ds = reg.dataset;
   const w = ds.windowLength;
   const outItem = ITEM_SIZE[ds.dtype];
@@ -113,7 +122,9 @@ export async function assembleSamples(
   const plan = planSamples(reg, first, count, blockBytes);
   let missing = 0;
   let filling = 0;
+  const from = { memory: 0, disk: 0, origin: 0 };
   const got = new Map<number, Uint8Array>();
+  const t1 = now();
   await Promise.all(plan.blocks.map(async (packed) => {
     const { source, index } = unpackBlock(packed);
     const f = reg.files[source];
@@ -121,8 +132,11 @@ export async function assembleSamples(
       if (cache.filling(f.gw, f.binKey, f.bin, index)) filling++;
       else missing++;
     }
-    got.set(packed, await cache.block(f.gw, f.binKey, f.bin, index));
+    const b = await cache.blockFrom(f.gw, f.binKey, f.bin, index);
+    from[b.source]++;
+    got.set(packed, b.bytes);
   }));
+  const t2 = now();
 
   const body = new Uint8Array(bytes);
   const view = new DataView(body.buffer);
@@ -152,7 +166,20 @@ export async function assembleSamples(
   if (dst !== bytes) {
     throw new Error(`Batch of dataset "${reg.name}" assembled ${dst} bytes, expected ${bytes}: the plan and the window disagree`);
   }
-  return { body, dtype: ds.dtype, shape: [count, w], blocksMissing: missing, blocksFilling: filling, blocksTotal: plan.blocks.length };
+  const t3 = now();
+  return {
+    body,
+    dtype: ds.dtype,
+    shape: [count, w],
+    blocksMissing: missing,
+    blocksFilling: filling,
+    blocksTotal: plan.blocks.length,
+    fromMemory: from.memory,
+    fromDisk: from.disk,
+    fromOrigin: from.origin,
+    fetchSeconds: (t2 - t1) / 1000,
+    copySeconds: (t1 - t0 + t3 - t2) / 1000,
+  };
 }
 
 /** Mixed-dtype blends are served as int32: widen token by token (only this case leaves the byte copy). */

@@ -62,6 +62,8 @@ export class BlockCache {
   readonly #now: () => number;
   readonly #onFill: (seconds: number, source: "disk" | "origin") => void;
   readonly #flights = new Map<string, BlockFill>();
+  /** Where each fill got its bytes; weak, so finished fills are not kept. */
+  readonly #fillSource = new WeakMap<BlockFill, "disk" | "origin">();
   #memoryHits = 0;
   #diskHits = 0;
   #misses = 0;
@@ -132,6 +134,22 @@ export class BlockCache {
         pos = avail;
       }
     }
+  }
+
+  /**
+   * Like `block`, and says where the bytes came from: `memory`, or the `disk`/`origin` fill
+   * it started or joined (for per-dataset hit rates and slow-batch causes).
+   */
+  async blockFrom(
+    gw: OriginGateway,
+    key: string,
+    info: ObjectInfo,
+    index: number,
+  ): Promise<{ bytes: Uint8Array; source: "memory" | "disk" | "origin" }> {
+    const got = this.#lookup(gw, key, info, index, false);
+    if (got instanceof Uint8Array) return { bytes: got, source: "memory" };
+    const bytes = await got.done;
+    return { bytes, source: this.#fillSource.get(got) ?? "origin" };
   }
 
   /**
@@ -241,6 +259,7 @@ export class BlockCache {
       const fromDisk = this.#disk?.has(k) ? await this.#disk.read(k) : undefined;
       if (fromDisk && fromDisk.length === fill.length) {
         this.#diskHits++;
+        this.#fillSource.set(fill, "disk");
         fill.adopt(fromDisk);
         this.#memory.set(k, fromDisk);
         this.#onFill((this.#now() - t0) / 1000, "disk");

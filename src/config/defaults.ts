@@ -253,6 +253,14 @@ export const TUNABLES = {
     parse: intIn(1, 100_000),
     doc: "Dataset read-ahead: most steps fetched ahead per consumer, whatever its step rate",
   } as Tunable<number>,
+  slowBatch: {
+    key: "slowBatch",
+    flag: "--slow-batch",
+    env: "RACKFEED_SLOW_BATCH",
+    default: "100ms",
+    parse: durationIn(600_000),
+    doc: "A batch slower than this is logged with its cause and counted in rackfeed_slow_batches_total",
+  } as Tunable<number>,
   maxBatchBytes: {
     key: "maxBatchBytes",
     flag: "--max-batch-bytes",

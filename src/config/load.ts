@@ -40,6 +40,7 @@ export interface Config {
   readonly diskWriteQueue: number;
   readonly readAheadSeconds: number;
   readonly memoryEviction: "belady" | "lru";
+  readonly slowBatch: number;
   readonly readAheadMaxSteps: number;
   readonly maxBatchBytes: number;
   readonly maxIndexBytes: number;

@@ -6,6 +6,7 @@
  */
 
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import { type BatchStats, SLOW_BATCH_CAUSES } from "../batch/batch-stats.ts";
 import type { ConsumerLookahead } from "../batch/read-ahead.ts";
 import type { BlockCacheStats } from "../cache/block-cache.ts";
 import type { DiskTierStats } from "../cache/disk-tier.ts";
@@ -24,6 +25,8 @@ export interface MetricSources {
   readonly lookahead?: () => readonly ConsumerLookahead[];
   /** Blocks whose fills read-ahead started. */
   readonly readAheadBlocks?: () => number;
+  /** Per-dataset traffic and slow batches. */
+  readonly batches?: () => BatchStats;
 }
 
 type Sample = readonly [labels: Record<string, string>, value: number];
@@ -150,6 +153,31 @@ export class Metrics {
       consumerSamples((c) => c.stepSeconds));
     counter("rackfeed_readahead_blocks_total", "Block fills started by dataset read-ahead", [], () =>
       [[{}, src.readAheadBlocks?.() ?? 0]]);
+
+    const datasets = () => [...(src.batches?.().datasets() ?? new Map()).entries()];
+    counter("rackfeed_dataset_blocks_total", "Blocks a dataset's batches used, by where they came from (memory = hit)",
+      ["dataset", "source"], () =>
+        datasets().flatMap(([dataset, d]) =>
+          (["memory", "disk", "origin"] as const).map((source) => [{ dataset, source }, d.blocks[source]] as Sample)
+        ));
+    gauge("rackfeed_dataset_hit_ratio", "Share of a dataset's batch blocks found in memory, since start", ["dataset"], () =>
+      datasets().map(([dataset, d]) => {
+        const all = d.blocks.memory + d.blocks.disk + d.blocks.origin;
+        return [{ dataset }, all === 0 ? 0 : d.blocks.memory / all] as Sample;
+      }));
+    counter("rackfeed_dataset_batches_total", "Batch and samples responses per dataset", ["dataset"], () =>
+      datasets().map(([dataset, d]) => [{ dataset }, d.batches] as Sample));
+    counter("rackfeed_dataset_served_bytes_total", "Token bytes served per dataset", ["dataset"], () =>
+      datasets().map(([dataset, d]) => [{ dataset }, d.bytes] as Sample));
+    gauge("rackfeed_dataset_consumers", "Consumers (rank, world, micro_batch) seen per dataset", ["dataset"], () => {
+      const n = new Map<string, number>();
+      for (const c of src.lookahead?.() ?? []) n.set(c.dataset, (n.get(c.dataset) ?? 0) + 1);
+      return [...n].map(([dataset, v]) => [{ dataset }, v] as Sample);
+    });
+    counter("rackfeed_slow_batches_total", "Batches slower than --slow-batch, by cause", ["cause"], () => {
+      const counts = src.batches?.().slowCounts();
+      return SLOW_BATCH_CAUSES.map((cause) => [{ cause }, counts?.[cause] ?? 0] as Sample);
+    });
 
     this.batchSeconds = new Histogram({
       name: "rackfeed_batch_seconds",

@@ -4,6 +4,7 @@ import type { Context, Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { assembleSamples } from "../../batch/assemble-batch.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../../batch/dataset-catalog.ts";
+import type { BatchStats } from "../../batch/batch-stats.ts";
 import { type ReadAhead, stepSamples } from "../../batch/read-ahead.ts";
 import type { BlockCache } from "../../cache/block-cache.ts";
 import { badRequest, RangeNotSatisfiableError } from "../../errors.ts";
@@ -21,6 +22,8 @@ export interface DatasetRoutesDeps {
   readonly now: () => number;
   /** Called with each batch's seconds and whether its blocks were in memory, arriving, or missing. */
   readonly onBatch: (seconds: number, cache: "hit" | "filling" | "miss") => void;
+  /** Per-dataset traffic and slow-batch causes. */
+  readonly stats: BatchStats;
 }
 
 /** Largest registration body accepted. */
@@ -68,7 +71,8 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
         `Sample ${start} of dataset "${reg.name}" does not exist: it has samples 0-${reg.dataset.numSamples - 1}`,
       );
     }
-    return await batchResponse(c, deps, reg, start, Math.min(count, reg.dataset.numSamples - start));
+    const n = Math.min(count, reg.dataset.numSamples - start);
+    return await batchResponse(c, deps, reg, start, n, `samples ${start}+${n}`);
   });
 
   app.get("/v1/datasets/:name/batches/:step", async (c) => {
@@ -86,7 +90,7 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
         `Step ${step} (samples ${first}-${first + microBatch - 1}) is beyond dataset "${reg.name}": with world=${world} and micro_batch=${microBatch} it has steps 0-${steps - 1} (${reg.dataset.numSamples} samples)`,
       );
     }
-    const res = await batchResponse(c, deps, reg, first, microBatch);
+    const res = await batchResponse(c, deps, reg, first, microBatch, `rank ${rank}/${world} × ${microBatch} step ${step}`);
     deps.readAhead.observe(reg, { dataset: reg.name, rank, world, microBatch }, step);
     return res;
   });
@@ -98,11 +102,14 @@ async function batchResponse(
   reg: RegisteredDataset,
   first: number,
   count: number,
+  request: string,
 ): Promise<Response> {
   const t0 = deps.now();
-  const batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes);
+  const batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, deps.now);
   const state = batch.blocksMissing > 0 ? "miss" : batch.blocksFilling > 0 ? "filling" : "hit";
-  deps.onBatch((deps.now() - t0) / 1000, state);
+  const seconds = (deps.now() - t0) / 1000;
+  deps.onBatch(seconds, state);
+  deps.stats.record(reg.name, request, batch, seconds);
   deps.served.add("http1", batch.body.length);
   return c.body(batch.body as Uint8Array<ArrayBuffer>, 200, {
     "content-type": "application/octet-stream",
