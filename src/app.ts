@@ -16,6 +16,8 @@ import type { PrefetchJobs } from "./prefetch/prefetch-jobs.ts";
 import { objectRoutes } from "./http/routes/objects.ts";
 import type { ServedBytes } from "./http/served-bytes.ts";
 import type { Metrics } from "./metrics/prometheus.ts";
+import type { ServerStatus } from "./metrics/status.ts";
+import { dashboardRoutes } from "./http/routes/dashboard.ts";
 import type { OriginGateway } from "./origin/origin-gateway.ts";
 
 /** Everything the HTTP app needs, built by `createServer` (or by a test). */
@@ -28,6 +30,8 @@ export interface AppDeps {
   readonly readAhead: ReadAhead;
   readonly prefetch: PrefetchJobs;
   readonly batchStats: BatchStats;
+  /** The dashboard's JSON snapshot. */
+  readonly status: () => Promise<ServerStatus> | ServerStatus;
   /** Token for read routes; undefined leaves them open. */
   readonly readToken: string | undefined;
   /** Token for admin routes; undefined closes them. */
@@ -56,7 +60,8 @@ export function createApp(deps: AppDeps): Hono {
   app.notFound((c) => c.json({ error: "NOT_FOUND", message: `No route for ${c.req.method} ${c.req.path}` }, 404));
   app.use("*", rejectDotSegments());
   app.use("/v1/*", bearerAuth({ token: deps.readToken, required: false, role: "read", alsoAccept: deps.adminToken }));
-  operationalRoutes(app, { metrics: deps.metrics, originNames: [...deps.origins.keys()] });
+  operationalRoutes(app, { metrics: deps.metrics });
+  dashboardRoutes(app, { status: deps.status });
   objectRoutes(app, { origins: deps.origins, cache: deps.cache, served: deps.served });
   datasetRoutes(app, {
     catalog: deps.datasets,

@@ -11,7 +11,8 @@ import { DiskTier } from "./cache/disk-tier.ts";
 import { MemoryTier } from "./cache/memory-tier.ts";
 import type { Config } from "./config/load.ts";
 import { ServedBytes } from "./http/served-bytes.ts";
-import { Metrics } from "./metrics/prometheus.ts";
+import { type MetricSources, Metrics } from "./metrics/prometheus.ts";
+import { buildStatus } from "./metrics/status.ts";
 import { FsOrigin } from "./origin/fs-origin.ts";
 import { S3Origin } from "./origin/s3-origin.ts";
 import { OriginGateway } from "./origin/origin-gateway.ts";
@@ -128,7 +129,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     clock: () => Date.now(),
     log: (line) => env.log(line),
   });
-  metrics = new Metrics({
+  const sources: MetricSources = {
     batches: () => batchStats,
     lookahead: () => readAhead.lookahead(),
     readAheadBlocks: () => readAhead.blocksWarmed,
@@ -137,7 +138,10 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     disk: () => disk.stats(),
     origins: () => [...origins.values()].map((o) => o.stats()),
     served: () => served.stats(),
-  });
+  };
+  metrics = new Metrics(sources);
+  const startedAt = env.now();
+  const status = () => buildStatus(sources, { prefetch: () => prefetch.list(), uptimeSeconds: (env.now() - startedAt) / 1000 });
   for (const d of config.datasets) {
     try {
       await datasets.register(d.name, d.body);
@@ -155,6 +159,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     readAhead,
     prefetch,
     batchStats,
+    status,
     readToken: config.readToken,
     adminToken: config.adminToken,
     maxBatchBytes: config.maxBatchBytes,
