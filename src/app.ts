@@ -18,6 +18,8 @@ import type { ServedBytes } from "./http/served-bytes.ts";
 import type { Metrics } from "./metrics/prometheus.ts";
 import type { ServerStatus } from "./metrics/status.ts";
 import { dashboardRoutes } from "./http/routes/dashboard.ts";
+import { OPENAPI_DOCUMENT, routeDoc } from "./http/route-docs.ts";
+import { openAPIRouteHandler } from "hono-openapi";
 import type { OriginGateway } from "./origin/origin-gateway.ts";
 
 /** Everything the HTTP app needs, built by `createServer` (or by a test). */
@@ -75,6 +77,10 @@ export function createApp(deps: AppDeps): Hono {
     stats: deps.batchStats,
   });
   prefetchRoutes(app, { jobs: deps.prefetch, adminToken: deps.adminToken });
+  app.get("/openapi.json", routeDoc("operations", "This OpenAPI description, generated from the route definitions"), openAPIRouteHandler(app, {
+    documentation: OPENAPI_DOCUMENT,
+    excludeStaticFile: false, // "/openapi.json" has a dot but is no static file
+  }));
   app.all("/v1/objects/*", () => {
     throw new CacheServerError("BAD_REQUEST", "Objects are read-only: use GET or HEAD");
   });

@@ -6,6 +6,7 @@
 
 import type { Hono } from "hono";
 import type { ServerStatus } from "../../metrics/status.ts";
+import { routeDoc } from "../route-docs.ts";
 
 /**
  * Registers `/` and `/v1/status`.
@@ -14,8 +15,8 @@ import type { ServerStatus } from "../../metrics/status.ts";
  * @param deps the status snapshot
  */
 export function dashboardRoutes(app: Hono, deps: { status: () => Promise<ServerStatus> | ServerStatus }): void {
-  app.get("/v1/status", async (c) => c.json(await deps.status()));
-  app.get("/", (c) => c.html(DASHBOARD_HTML, 200, { "cache-control": "no-store" }));
+  app.get("/v1/status", routeDoc("operations", "The server's state as one JSON document (what the dashboard draws)"), async (c) => c.json(await deps.status()));
+  app.get("/", routeDoc("operations", "The live dashboard page (HTML)"), (c) => c.html(DASHBOARD_HTML, 200, { "cache-control": "no-store" }));
 }
 
 const DASHBOARD_HTML = `<!doctype html>

@@ -10,6 +10,7 @@ import type { BlockCache } from "../../cache/block-cache.ts";
 import { badRequest, RangeNotSatisfiableError } from "../../errors.ts";
 import { bearerAuth } from "../middleware/bearer-auth.ts";
 import type { ServedBytes } from "../served-bytes.ts";
+import { ADMIN, query, routeDoc, TOKEN_BODY } from "../route-docs.ts";
 
 /** What the dataset routes need. */
 export interface DatasetRoutesDeps {
@@ -38,6 +39,11 @@ export const MAX_REGISTRATION_BYTES = 1 << 20;
 export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
   app.put(
     "/v1/datasets/:name",
+    routeDoc("datasets", "Register or replace a Megatron token dataset (admin)", {
+      ...ADMIN,
+      requestBody: { required: true, content: { "application/json": { schema: { type: "object" } } } },
+      responses: { ...ADMIN.responses, 201: { description: "Registered; the body describes the dataset" } },
+    }),
     bearerAuth({ token: deps.adminToken, required: true, role: "admin" }),
     bodyLimit({
       maxSize: MAX_REGISTRATION_BYTES,
@@ -58,11 +64,17 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     },
   );
 
-  app.get("/v1/datasets", (c) => c.json({ datasets: deps.catalog.names() }));
+  app.get("/v1/datasets", routeDoc("datasets", "Names of the registered datasets"), (c) => c.json({ datasets: deps.catalog.names() }));
 
-  app.get("/v1/datasets/:name", async (c) => c.json(describe(await deps.catalog.get(c.req.param("name")))));
+  app.get("/v1/datasets/:name", routeDoc("datasets", "Describe a dataset: kind, dtype, samples, shape, documents, tokens, epochs"), async (c) => c.json(describe(await deps.catalog.get(c.req.param("name")))));
 
-  app.get("/v1/datasets/:name/samples", async (c) => {
+  app.get(
+    "/v1/datasets/:name/samples",
+    routeDoc("datasets", "Samples start .. start+count-1", {
+      parameters: [query("start", "First sample (default 0)"), query("count", "Number of samples (default 1)")],
+      responses: { 200: TOKEN_BODY, 416: { description: "Beyond the dataset" } },
+    }),
+    async (c) => {
     const reg = await deps.catalog.get(c.req.param("name"));
     const start = intParam(c, "start", 0, Number.MAX_SAFE_INTEGER, 0);
     const count = intParam(c, "count", 1, 1 << 20, 1);
@@ -75,7 +87,13 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     return await batchResponse(c, deps, reg, start, n, `samples ${start}+${n}`);
   });
 
-  app.get("/v1/datasets/:name/batches/:step", async (c) => {
+  app.get(
+    "/v1/datasets/:name/batches/:step",
+    routeDoc("datasets", "Rank R's micro-batch of a step: samples (step*W + R)*B .. +B-1", {
+      parameters: [query("rank", "Rank R (default 0)"), query("world", "World size W (default 1)"), query("micro_batch", "Micro-batch size B", true)],
+      responses: { 200: TOKEN_BODY, 416: { description: "Step beyond the dataset" } },
+    }),
+    async (c) => {
     const reg = await deps.catalog.get(c.req.param("name"));
     const stepText = c.req.param("step");
     if (!/^\d{1,15}$/.test(stepText)) throw badRequest(`Invalid step "${stepText}": expected a non-negative integer`);

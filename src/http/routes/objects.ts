@@ -8,6 +8,7 @@ import type { OriginGateway } from "../../origin/origin-gateway.ts";
 import { evaluateRange, ifNoneMatchHits, ifRangeAllows } from "../range.ts";
 import { rawPathOf } from "../raw-path.ts";
 import { pullStream, type ServedBytes } from "../served-bytes.ts";
+import { routeDoc } from "../route-docs.ts";
 
 /** What the object routes need. */
 export interface ObjectRoutesDeps {
@@ -25,54 +26,68 @@ const PREFIX = "/v1/objects/";
  * @param deps origins, cache and byte counters
  */
 export function objectRoutes(app: Hono, deps: ObjectRoutesDeps): void {
-  app.on(["GET", "HEAD"], "/v1/objects/*", async (c) => {
-    const raw = rawPathOf(c);
-    const rest = raw.startsWith(PREFIX) ? raw.slice(PREFIX.length) : "";
-    const segments = rest.split("/");
-    const originName = decodeURIComponent(segments[0] ?? "");
-    const gw = deps.origins.get(originName);
-    if (!gw) {
-      throw new CacheServerError(
-        "ORIGIN_NOT_FOUND",
-        `Unknown origin "${originName}"; configured origins: ${[...deps.origins.keys()].join(", ") || "(none)"}`,
-      );
-    }
-    const key = decodeObjectKey(segments.slice(1));
-    const info = await gw.stat(key);
+  // `{.+}` lets the key span segments; the handler re-reads the raw path (dot segments, %2f).
+  app.on(
+    ["GET", "HEAD"],
+    "/v1/objects/:origin/:key{.+}",
+    routeDoc("objects", "Bytes of an object through the cache, with Range, ETag, If-None-Match, If-Range", {
+      responses: {
+        200: { description: "The whole object", content: { "application/octet-stream": { schema: { type: "string", format: "binary" } } } },
+        206: { description: "The requested range, with Content-Range" },
+        304: { description: "Not modified (If-None-Match)" },
+        404: { description: "Unknown origin or object" },
+        416: { description: "Range not satisfiable; Content-Range: bytes */size" },
+      },
+    }),
+    async (c) => {
+      const raw = rawPathOf(c);
+      const rest = raw.startsWith(PREFIX) ? raw.slice(PREFIX.length) : "";
+      const segments = rest.split("/");
+      const originName = decodeURIComponent(segments[0] ?? "");
+      const gw = deps.origins.get(originName);
+      if (!gw) {
+        throw new CacheServerError(
+          "ORIGIN_NOT_FOUND",
+          `Unknown origin "${originName}"; configured origins: ${[...deps.origins.keys()].join(", ") || "(none)"}`,
+        );
+      }
+      const key = decodeObjectKey(segments.slice(1));
+      const info = await gw.stat(key);
 
-    const headers: Record<string, string> = {
-      "content-type": "application/octet-stream",
-      "accept-ranges": "bytes",
-      etag: info.etag,
-      "last-modified": info.lastModified.toUTCString(),
-    };
-    if (ifNoneMatchHits(c.req.header("if-none-match"), info.etag)) {
-      return new Response(null, { status: 304, headers });
-    }
-    const rangeHeader = ifRangeAllows(c.req.header("if-range"), info.etag, info.lastModified)
-      ? c.req.header("range")
-      : undefined;
-    const range = evaluateRange(rangeHeader, info.size);
-    const start = range?.start ?? 0;
-    const end = range?.end ?? info.size;
-    headers["content-length"] = String(end - start);
-    if (range) headers["content-range"] = `bytes ${start}-${end - 1}/${info.size}`;
-    const status = range ? 206 : 200;
-    if (c.req.method === "HEAD") return new Response(null, { status, headers });
+      const headers: Record<string, string> = {
+        "content-type": "application/octet-stream",
+        "accept-ranges": "bytes",
+        etag: info.etag,
+        "last-modified": info.lastModified.toUTCString(),
+      };
+      if (ifNoneMatchHits(c.req.header("if-none-match"), info.etag)) {
+        return new Response(null, { status: 304, headers });
+      }
+      const rangeHeader = ifRangeAllows(c.req.header("if-range"), info.etag, info.lastModified)
+        ? c.req.header("range")
+        : undefined;
+      const range = evaluateRange(rangeHeader, info.size);
+      const start = range?.start ?? 0;
+      const end = range?.end ?? info.size;
+      headers["content-length"] = String(end - start);
+      if (range) headers["content-range"] = `bytes ${start}-${end - 1}/${info.size}`;
+      const status = range ? 206 : 200;
+      if (c.req.method === "HEAD") return new Response(null, { status, headers });
 
-    const chunks = deps.cache.readRange(gw, key, info, start, end);
-    // Wait for the first bytes before answering, so an origin failure still gets its own
-    // status (502/504) instead of a truncated 200.
-    const first = await chunks.next();
-    if (first.done) return new Response(new Uint8Array(0), { status, headers });
-    if (first.value.length === end - start) {
-      // The whole body lies in one cached block: one view, no stream machinery.
-      deps.served.add("http1", first.value.length);
-      return new Response(first.value as Uint8Array<ArrayBuffer>, { status, headers });
-    }
-    const body = pullStream(prepend(first.value, chunks), (n) => deps.served.add("http1", n));
-    return new Response(body, { status, headers });
-  });
+      const chunks = deps.cache.readRange(gw, key, info, start, end);
+      // Wait for the first bytes before answering, so an origin failure still gets its own
+      // status (502/504) instead of a truncated 200.
+      const first = await chunks.next();
+      if (first.done) return new Response(new Uint8Array(0), { status, headers });
+      if (first.value.length === end - start) {
+        // The whole body lies in one cached block: one view, no stream machinery.
+        deps.served.add("http1", first.value.length);
+        return new Response(first.value as Uint8Array<ArrayBuffer>, { status, headers });
+      }
+      const body = pullStream(prepend(first.value, chunks), (n) => deps.served.add("http1", n));
+      return new Response(body, { status, headers });
+    },
+  );
 }
 
 async function* prepend(

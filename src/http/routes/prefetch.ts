@@ -6,6 +6,7 @@ import { streamSSE } from "hono/streaming";
 import { badRequest } from "../../errors.ts";
 import { parsePrefetchRequest, type PrefetchJobs, type PrefetchProgress } from "../../prefetch/prefetch-jobs.ts";
 import { bearerAuth } from "../middleware/bearer-auth.ts";
+import { ADMIN, routeDoc } from "../route-docs.ts";
 
 /**
  * Registers the prefetch routes.
@@ -19,6 +20,11 @@ export function prefetchRoutes(app: Hono, deps: { jobs: PrefetchJobs; adminToken
 
   app.post(
     "/prefetch",
+    routeDoc("prefetch", "Start a warm job by object prefix or dataset steps (admin)", {
+      ...ADMIN,
+      requestBody: { required: true, content: { "application/json": { schema: { type: "object" } } } },
+      responses: { ...ADMIN.responses, 202: { description: "Started; the body is the job's progress" } },
+    }),
     bodyLimit({
       maxSize: 1 << 20,
       onError: () => {
@@ -37,11 +43,17 @@ export function prefetchRoutes(app: Hono, deps: { jobs: PrefetchJobs; adminToken
     },
   );
 
-  app.get("/prefetch", (c) => c.json({ jobs: deps.jobs.list() }));
-  app.get("/prefetch/:id", (c) => c.json(deps.jobs.get(c.req.param("id"))));
-  app.delete("/prefetch/:id", (c) => c.json(deps.jobs.cancel(c.req.param("id"))));
+  app.get("/prefetch", routeDoc("prefetch", "Jobs and their progress (admin)", ADMIN), (c) => c.json({ jobs: deps.jobs.list() }));
+  app.get("/prefetch/:id", routeDoc("prefetch", "A job's progress (admin)", ADMIN), (c) => c.json(deps.jobs.get(c.req.param("id"))));
+  app.delete("/prefetch/:id", routeDoc("prefetch", "Cancel a job (admin)", ADMIN), (c) => c.json(deps.jobs.cancel(c.req.param("id"))));
 
-  app.get("/prefetch/:id/events", (c) => {
+  app.get(
+    "/prefetch/:id/events",
+    routeDoc("prefetch", "A job's progress as Server-Sent Events (admin)", {
+      ...ADMIN,
+      responses: { ...ADMIN.responses, 200: { description: "text/event-stream of `progress` events", content: { "text/event-stream": {} } } },
+    }),
+    (c) => {
     const id = c.req.param("id");
     deps.jobs.get(id); // 404 before the stream starts
     return streamSSE(c, async (stream) => {
