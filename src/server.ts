@@ -122,6 +122,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     maxObjects: 1_000_000,
     clock: () => Date.now(),
     log: env.log,
+    background: config.prefetchPriority === "background",
   });
   const batchStats = new BatchStats({
     slowSeconds: config.slowBatch / 1000,

@@ -253,6 +253,14 @@ export const TUNABLES = {
     parse: intIn(1, 100_000),
     doc: "Dataset read-ahead: most steps fetched ahead per consumer, whatever its step rate",
   } as Tunable<number>,
+  prefetchPriority: {
+    key: "prefetchPriority",
+    flag: "--prefetch-priority",
+    env: "RACKFEED_PREFETCH_PRIORITY",
+    default: "background",
+    parse: oneOf(["background", "normal"]),
+    doc: "Origin priority of /prefetch reads: background (behind trainers, never the last quarter of slots) or normal",
+  } as Tunable<"background" | "normal">,
   slowBatch: {
     key: "slowBatch",
     flag: "--slow-batch",

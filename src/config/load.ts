@@ -41,6 +41,7 @@ export interface Config {
   readonly readAheadSeconds: number;
   readonly memoryEviction: "belady" | "lru";
   readonly slowBatch: number;
+  readonly prefetchPriority: "background" | "normal";
   readonly readAheadMaxSteps: number;
   readonly maxBatchBytes: number;
   readonly maxIndexBytes: number;

@@ -68,6 +68,8 @@ export interface PrefetchJobsOptions {
   /** Wall clock, ms since the epoch (for timestamps and rates). */
   readonly clock: () => number;
   readonly log: (message: string, err?: unknown) => void;
+  /** Read at background priority (behind trainers); default true. */
+  readonly background?: boolean;
 }
 
 interface Job {
@@ -286,7 +288,7 @@ export class PrefetchJobs {
     const worker = async () => {
       while (next < tasks.length && !job.abort.signal.aborted) {
         const t = tasks[next++];
-        const cached = await this.#opts.cache.prefetch(t.gw, t.key, t.info, t.index, { tier: p.tier, background: true });
+        const cached = await this.#opts.cache.prefetch(t.gw, t.key, t.info, t.index, { tier: p.tier, background: this.#opts.background ?? true });
         if (job.abort.signal.aborted) return;
         p.blocksDone++;
         if (cached) p.blocksCached++;
