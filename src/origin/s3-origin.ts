@@ -239,16 +239,19 @@ export class S3Origin implements Origin {
    */
   async #timed<T>(outer: AbortSignal | undefined, attempt: (s: AbortSignal, progress: () => void) => Promise<T>): Promise<T> {
     const ctl = new AbortController();
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const arm = () => {
-      if (timer !== undefined) clearTimeout(timer);
-      timer = setTimeout(() => ctl.abort(new AttemptTimeout(this.#timeoutMs)), this.#timeoutMs);
+    // Progress only stamps the time (it runs per body chunk); the one timer checks the stamp
+    // when it fires and sleeps again for what is left.
+    let last = this.#now();
+    const check = () => {
+      const idle = this.#now() - last;
+      if (idle >= this.#timeoutMs) ctl.abort(new AttemptTimeout(this.#timeoutMs));
+      else timer = setTimeout(check, this.#timeoutMs - idle);
     };
+    let timer: ReturnType<typeof setTimeout> | undefined = setTimeout(check, this.#timeoutMs);
     const onOuter = () => ctl.abort(outer!.reason);
     outer?.addEventListener("abort", onOuter, { once: true });
-    arm();
     try {
-      return await attempt(ctl.signal, arm);
+      return await attempt(ctl.signal, () => (last = this.#now()));
     } catch (e) {
       // An abort surfaces as the SDK's AbortError or a socket error; report the real reason.
       if (ctl.signal.aborted) throw ctl.signal.reason;

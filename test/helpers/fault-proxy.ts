@@ -10,8 +10,8 @@ import type { AddressInfo, Socket } from "node:net";
 /** What to do to one request. */
 export type Fault =
   | { readonly kind: "pass" }
-  /** Wait before forwarding. */
-  | { readonly kind: "delay"; readonly ms: number }
+  /** Wait before forwarding; with `bytesPerSec`, also pace the response body to that rate (a per-connection bandwidth cap, like S3's). */
+  | { readonly kind: "delay"; readonly ms: number; readonly bytesPerSec?: number }
   /** Forward, send the headers and `afterBytes` of the body, then go silent (keep the socket open). */
   | { readonly kind: "stall"; readonly afterBytes: number }
   /** Forward, send `afterBytes` of the body, then reset the connection. */
@@ -36,9 +36,9 @@ export interface FaultProxy {
   close(): Promise<void>;
 }
 
-/** A rule that delays every request by `ms` before forwarding it. */
-export function latency(ms: number): FaultRule {
-  return () => ({ kind: "delay", ms });
+/** A rule that delays every request by `ms` before forwarding it, and optionally caps each response at `bytesPerSec`. */
+export function latency(ms: number, bytesPerSec?: number): FaultRule {
+  return () => ({ kind: "delay", ms, ...(bytesPerSec ? { bytesPerSec } : {}) });
 }
 
 /**
@@ -75,6 +75,22 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
       { host: up.hostname, port: up.port, method: req.method, path: req.url, headers: req.headers },
       (upRes) => {
         res.writeHead(upRes.statusCode ?? 502, upRes.headers);
+        if (fault.kind === "delay" && fault.bytesPerSec) {
+          const rate = fault.bytesPerSec;
+          const t0 = performance.now();
+          let paced = 0;
+          upRes.on("data", (chunk: Buffer) => {
+            res.write(chunk);
+            paced += chunk.length;
+            const wait = t0 + (paced / rate) * 1000 - performance.now();
+            if (wait > 1) {
+              upRes.pause();
+              setTimeout(() => upRes.resume(), wait);
+            }
+          });
+          upRes.on("end", () => res.end());
+          return;
+        }
         if (fault.kind !== "stall" && fault.kind !== "reset") {
           upRes.pipe(res);
           return;
