@@ -99,7 +99,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   }
   let listener;
   try {
-    listener = await host.listen(server.fetch, config.listen);
+    listener = await host.listen(server.fetch, config.listen, config.tls);
   } catch (e) {
     host.printError(`rackfeed: cannot listen on ${config.listen.hostname}:${config.listen.port}: ${describe(e)}`);
     await server.close();

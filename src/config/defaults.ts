@@ -285,6 +285,22 @@ export const TUNABLES = {
     parse: sizeIn(4096, TiB),
     doc: "Largest Megatron .idx file accepted (it is held in memory while its dataset is registered)",
   } as Tunable<number>,
+  tlsCert: {
+    key: "tlsCert",
+    flag: "--tls-cert",
+    env: "RACKFEED_TLS_CERT",
+    default: undefined,
+    parse: text,
+    doc: "PEM certificate file: serve HTTPS with ALPN h2 and http/1.1 (needs --tls-key); unset serves cleartext HTTP/1.1 and h2c",
+  } as Tunable<string>,
+  tlsKey: {
+    key: "tlsKey",
+    flag: "--tls-key",
+    env: "RACKFEED_TLS_KEY",
+    default: undefined,
+    parse: text,
+    doc: "PEM private key file of --tls-cert",
+  } as Tunable<string>,
   readToken: {
     key: "readToken",
     flag: "--read-token",

@@ -47,6 +47,8 @@ export interface Config {
   readonly maxIndexBytes: number;
   readonly readToken: string | undefined;
   readonly adminToken: string | undefined;
+  /** PEM certificate and key, read at start-up; undefined serves cleartext. */
+  readonly tls: { readonly cert: string; readonly key: string } | undefined;
   readonly origins: readonly OriginSpec[];
   /** Datasets registered at start-up (`--dataset NAME=FILE.json`, `"datasets"` in the config file). */
   readonly datasets: readonly DatasetSpec[];
@@ -206,8 +208,28 @@ export function loadConfig(src: ConfigSources): Config {
     );
   }
 
+  if ((values.tlsCert === undefined) !== (values.tlsKey === undefined)) {
+    throw new ConfigError("Invalid TLS configuration: --tls-cert and --tls-key go together; give both or neither");
+  }
+  let tls: Config["tls"];
+  if (values.tlsCert !== undefined) {
+    const read = (flag: string, p: string) => {
+      const path = resolvePath(p, src.cwd);
+      let pem: string;
+      try {
+        pem = src.readTextFile(path);
+      } catch (e) {
+        throw new ConfigError(`Invalid ${flag}: cannot read ${path}: ${(e as Error).message}`, { cause: e });
+      }
+      if (!pem.includes("-----BEGIN")) throw new ConfigError(`Invalid ${flag}: ${path} is not a PEM file`);
+      return pem;
+    };
+    tls = Object.freeze({ cert: read("--tls-cert", values.tlsCert as string), key: read("--tls-key", values.tlsKey as string) });
+  }
+
   return Object.freeze({
-    ...(values as Omit<Config, "listen" | "origins" | "cacheDir" | "datasets">),
+    ...(values as Omit<Config, "listen" | "origins" | "cacheDir" | "datasets" | "tls">),
+    tls,
     listen: Object.freeze(parseListen(values.listen as string)),
     cacheDir: resolvePath(values.cacheDir as string, src.cwd),
     origins: Object.freeze([...origins.values()]),

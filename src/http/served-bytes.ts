@@ -49,3 +49,12 @@ export function pullStream(
     { highWaterMark: 0 },
   );
 }
+
+/**
+ * The HTTP version a request came in on, from the runtime's bindings: @hono/node-server passes
+ * the Node request as `env.incoming`; on Deno the listener passes `{ httpVersion }` when known.
+ */
+export function httpTransport(env: unknown): "http1" | "http2" {
+  const e = env as { incoming?: { httpVersionMajor?: number }; httpVersion?: string } | undefined;
+  return e?.incoming?.httpVersionMajor === 2 || e?.httpVersion === "2" ? "http2" : "http1";
+}

@@ -9,17 +9,25 @@ import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
  *
  * @param fetch the handler
  * @param addr where to listen
+ * @param tls PEM certificate and key, for HTTPS
  * @returns the listener, once bound
  * @throws {Deno.errors.AddrInUse} when the address is taken
  */
-export function listenDeno(fetch: FetchHandler, addr: { hostname: string; port: number }): Promise<Listener> {
+export function listenDeno(
+  fetch: FetchHandler,
+  addr: { hostname: string; port: number },
+  tls?: { cert: string; key: string },
+): Promise<Listener> {
   return new Promise((resolve, reject) => {
     try {
+      // Deno.serve speaks HTTP/1.1 and h2c (prior knowledge) on one port, and with a
+      // certificate negotiates h2 or http/1.1 by ALPN.
       const server = Deno.serve({
         hostname: addr.hostname,
         port: addr.port,
+        ...(tls ?? {}),
         onListen: ({ port }) => {
-          resolve({ url: `http://${hostPort(addr.hostname, port)}`, close: () => server.shutdown() });
+          resolve({ url: `${tls ? "https" : "http"}://${hostPort(addr.hostname, port)}`, close: () => server.shutdown() });
         },
       }, (req) => fetch(req));
     } catch (e) {

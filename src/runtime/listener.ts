@@ -11,8 +11,12 @@ export interface Listener {
   close(): Promise<void>;
 }
 
-/** Starts serving `fetch` on an address. */
-export type Listen = (fetch: FetchHandler, addr: { hostname: string; port: number }) => Promise<Listener>;
+/** Starts serving `fetch` on an address: HTTP/1.1 + h2c, or with `tls` HTTPS with ALPN h2/http1.1. */
+export type Listen = (
+  fetch: FetchHandler,
+  addr: { hostname: string; port: number },
+  tls?: { cert: string; key: string },
+) => Promise<Listener>;
 
 /** Formats `host:port`, bracketing IPv6 literals. */
 export function hostPort(hostname: string, port: number): string {

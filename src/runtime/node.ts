@@ -1,35 +1,84 @@
 /** @module Node adapter: HTTP via @hono/node-server, process arguments, environment and signals. */
 
-import { serve } from "@hono/node-server";
+import { getRequestListener } from "@hono/node-server";
+import * as http from "node:http";
+import * as http2 from "node:http2";
+import type { Http2Session } from "node:http2";
+import * as net from "node:net";
 import { readFileSync } from "node:fs";
-import type { Server } from "node:http";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
 
 /**
- * Serves `fetch` with `@hono/node-server` on plain `node:http`, the fastest Node path here.
+ * Serves `fetch` on Node. Cleartext: one port speaks HTTP/1.1 and HTTP/2 with prior knowledge
+ * (h2c): the first bytes of each connection decide (the HTTP/2 preface starts "PRI * HTTP/2.0"),
+ * and the socket goes to a `node:http` or a `node:http2` server sharing one request listener
+ * (@hono/node-server's). With `tls`, a `node:http2` secure server negotiates `h2` or
+ * `http/1.1` by ALPN.
  *
  * @param fetch the handler
  * @param addr where to listen
+ * @param tls PEM certificate and key, for HTTPS
  * @returns the listener, once bound
  * @throws {Error} when the address cannot be bound (e.g. EADDRINUSE)
  */
-export function listenNode(fetch: FetchHandler, addr: { hostname: string; port: number }): Promise<Listener> {
+export function listenNode(
+  fetch: FetchHandler,
+  addr: { hostname: string; port: number },
+  tls?: { cert: string; key: string },
+): Promise<Listener> {
+  const listener = getRequestListener(fetch as Parameters<typeof getRequestListener>[0]);
+  const h2Options = {
+    // Larger windows than the 64 KiB default: a batch is megabytes, and a small window makes
+    // the server wait for WINDOW_UPDATEs; flow control still bounds what a slow reader costs.
+    settings: { initialWindowSize: 8 * 2 ** 20, maxFrameSize: 2 ** 20 - 1 },
+  };
+  let server: net.Server;
+  let sessions: Set<Http2Session> | undefined;
+  const h1 = http.createServer(listener);
+  if (tls) {
+    server = http2.createSecureServer({ ...h2Options, cert: tls.cert, key: tls.key, allowHTTP1: true }, listener);
+  } else {
+    const h2 = http2.createServer(h2Options, listener);
+    sessions = new Set();
+    h2.on("session", (s: Http2Session) => {
+      sessions!.add(s);
+      s.once("close", () => sessions!.delete(s));
+    });
+    server = net.createServer((socket) => {
+      socket.once("data", (first) => {
+        socket.pause();
+        socket.unshift(first);
+        const target = first.subarray(0, H2_PREFACE.length).equals(H2_PREFACE.subarray(0, Math.min(first.length, H2_PREFACE.length)))
+          ? h2
+          : h1;
+        target.emit("connection", socket);
+        // http2 reads the unshifted bytes through its native handle and must not see the
+        // socket flowing in JS as well; the HTTP/1.1 parser needs the flow restarted.
+        if (target === h1) socket.resume();
+      });
+    });
+  }
   return new Promise((resolve, reject) => {
-    const server = serve({ fetch, hostname: addr.hostname, port: addr.port }, (info) => {
+    server.once("error", reject);
+    server.listen(addr.port, addr.hostname, () => {
       server.off("error", reject);
+      const port = (server.address() as net.AddressInfo).port;
       resolve({
-        url: `http://${hostPort(addr.hostname, info.port)}`,
+        url: `${tls ? "https" : "http"}://${hostPort(addr.hostname, port)}`,
         close: () =>
           new Promise<void>((done) => {
             server.close(() => done());
-            (server as Server).closeIdleConnections?.();
+            h1.closeIdleConnections();
+            for (const s of sessions ?? []) s.close();
+            (server as http.Server).closeIdleConnections?.();
           }),
       });
-    }) as Server;
-    server.once("error", reject);
+    });
   });
 }
+
+const H2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
 
 /** The CLI host for Node: real process, filesystem and signals. */
 export function nodeHost(): CliHost {

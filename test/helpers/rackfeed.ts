@@ -68,7 +68,7 @@ export async function startServer(
     log: () => {},
     ...env,
   });
-  const listener: Listener = await listenNode(server.fetch, config.listen);
+  const listener: Listener = await listenNode(server.fetch, config.listen, config.tls);
   return {
     url: listener.url,
     server,

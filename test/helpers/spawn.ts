@@ -56,7 +56,7 @@ export function startChild(cmd: string, args: string[], cwd = ROOT, timeoutMs = 
     }, timeoutMs);
     const onData = (d: Buffer) => {
       out += d;
-      const m = /listening on (http:\/\/\S+)/.exec(out);
+      const m = /listening on (https?:\/\/\S+)/.exec(out);
       if (m && !done) {
         done = true;
         clearTimeout(timer);

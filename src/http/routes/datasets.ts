@@ -9,7 +9,7 @@ import { type ReadAhead, stepSamples } from "../../batch/read-ahead.ts";
 import type { BlockCache } from "../../cache/block-cache.ts";
 import { badRequest, RangeNotSatisfiableError } from "../../errors.ts";
 import { bearerAuth } from "../middleware/bearer-auth.ts";
-import type { ServedBytes } from "../served-bytes.ts";
+import { httpTransport, type ServedBytes } from "../served-bytes.ts";
 import { ADMIN, query, routeDoc, TOKEN_BODY } from "../route-docs.ts";
 
 /** What the dataset routes need. */
@@ -128,7 +128,7 @@ async function batchResponse(
   const seconds = (deps.now() - t0) / 1000;
   deps.onBatch(seconds, state);
   deps.stats.record(reg.name, request, batch, seconds);
-  deps.served.add("http1", batch.body.length);
+  deps.served.add(httpTransport(c.env), batch.body.length);
   return c.body(batch.body as Uint8Array<ArrayBuffer>, 200, {
     "content-type": "application/octet-stream",
     "x-rackfeed-dtype": batch.dtype,

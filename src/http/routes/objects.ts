@@ -7,7 +7,7 @@ import { decodeObjectKey } from "../../origin/object-key.ts";
 import type { OriginGateway } from "../../origin/origin-gateway.ts";
 import { evaluateRange, ifNoneMatchHits, ifRangeAllows } from "../range.ts";
 import { rawPathOf } from "../raw-path.ts";
-import { pullStream, type ServedBytes } from "../served-bytes.ts";
+import { httpTransport, pullStream, type ServedBytes } from "../served-bytes.ts";
 import { routeDoc } from "../route-docs.ts";
 
 /** What the object routes need. */
@@ -78,13 +78,14 @@ export function objectRoutes(app: Hono, deps: ObjectRoutesDeps): void {
       // Wait for the first bytes before answering, so an origin failure still gets its own
       // status (502/504) instead of a truncated 200.
       const first = await chunks.next();
+      const transport = httpTransport(c.env);
       if (first.done) return new Response(new Uint8Array(0), { status, headers });
       if (first.value.length === end - start) {
         // The whole body lies in one cached block: one view, no stream machinery.
-        deps.served.add("http1", first.value.length);
+        deps.served.add(transport, first.value.length);
         return new Response(first.value as Uint8Array<ArrayBuffer>, { status, headers });
       }
-      const body = pullStream(prepend(first.value, chunks), (n) => deps.served.add("http1", n));
+      const body = pullStream(prepend(first.value, chunks), (n) => deps.served.add(transport, n));
       return new Response(body, { status, headers });
     },
   );

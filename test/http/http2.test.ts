@@ -1,0 +1,146 @@
+import { execFileSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import * as http2 from "node:http2";
+import { join } from "node:path";
+import { Client } from "undici";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expectSameBytes, makeWorkspace, patternBytes, readMetric, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { type ChildServer, DENO, ROOT, runToExit, startChild } from "../helpers/spawn.ts";
+
+const SIZE = 3 * 2 ** 20 + 17;
+const body = patternBytes(SIZE, 42);
+let ws: Workspace;
+let cert: string;
+let key: string;
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  await ws.put("big.bin", body);
+  key = join(ws.dir, "key.pem");
+  cert = join(ws.dir, "cert.pem");
+  execFileSync("openssl", [
+    "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+  ], { stdio: "ignore" });
+});
+afterAll(async () => {
+  await ws.remove();
+});
+
+/** GETs `path` over an HTTP/2 session; resolves with status, headers and body. */
+function h2get(session: http2.ClientHttp2Session, path: string, headers: Record<string, string> = {}) {
+  return new Promise<{ status: number; headers: http2.IncomingHttpHeaders; body: Buffer }>((resolve, reject) => {
+    const req = session.request({ ":path": path, ...headers });
+    const chunks: Buffer[] = [];
+    let head: http2.IncomingHttpHeaders = {};
+    req.on("response", (h) => (head = h));
+    req.on("data", (d) => chunks.push(d));
+    req.on("end", () => resolve({ status: Number(head[":status"]), headers: head, body: Buffer.concat(chunks) }));
+    req.on("error", reject);
+    req.end();
+  });
+}
+
+async function curl(args: string[]): Promise<{ version: string; sha: string }> {
+  const { code, out } = await runToExit("curl", ["-s", "--max-time", "20", "-o", join(ws.dir, "curl.out"), "-w", "%{http_version}", ...args]);
+  expect(code, out).toBe(0);
+  const { readFileSync } = await import("node:fs");
+  return { version: out.trim(), sha: createHash("sha256").update(readFileSync(join(ws.dir, "curl.out"))).digest("hex") };
+}
+const sha = (b: Uint8Array) => createHash("sha256").update(b).digest("hex");
+
+describe("HTTP/2 on Node", () => {
+  let rf: RunningServer;
+  beforeAll(async () => {
+    rf = await startServer(ws, ["--block-bytes", "256KiB", "--cache-dir", join(ws.dir, "c-node")]);
+  });
+  afterAll(async () => {
+    await rf.close();
+  });
+
+  it("serves h2c (prior knowledge) and HTTP/1.1 on the same port", async () => {
+    const h2 = await curl(["--http2-prior-knowledge", `${rf.url}/v1/objects/data/big.bin`]);
+    expect(h2).toEqual({ version: "2", sha: sha(body) });
+    const h1 = await curl([`${rf.url}/v1/objects/data/big.bin`]);
+    expect(h1).toEqual({ version: "1.1", sha: sha(body) });
+  });
+
+  it("serves 64 concurrent range streams on one connection, each byte-exact, counted as http2", async () => {
+    const before = await rf.metric("rackfeed_served_bytes_total", { transport: "http2" });
+    const session = http2.connect(rf.url);
+    try {
+      const ranges = Array.from({ length: 64 }, (_, i) => {
+        const start = (i * 48_611) % (SIZE - 70_000);
+        return [start, start + 1 + ((i * 7919) % 65_000)] as const;
+      });
+      const got = await Promise.all(ranges.map(([s, e]) => h2get(session, "/v1/objects/data/big.bin", { range: `bytes=${s}-${e - 1}` })));
+      let total = 0;
+      got.forEach((g, i) => {
+        const [s, e] = ranges[i];
+        expect(g.status).toBe(206);
+        expect(g.headers["content-range"]).toBe(`bytes ${s}-${e - 1}/${SIZE}`);
+        expectSameBytes(g.body, body.subarray(s, e), `range ${i}`);
+        total += e - s;
+      });
+      expect(await rf.metric("rackfeed_served_bytes_total", { transport: "http2" })).toBe(before + total);
+    } finally {
+      session.close();
+    }
+  });
+
+  it("serves every route over h2c (metrics, datasets list, errors)", async () => {
+    const session = http2.connect(rf.url);
+    try {
+      expect((await h2get(session, "/metrics")).body.toString()).toMatch(/rackfeed_cache_hits_total/);
+      expect(JSON.parse((await h2get(session, "/v1/datasets")).body.toString())).toEqual({ datasets: [] });
+      const bad = await h2get(session, "/v1/objects/data/%2e%2e/x");
+      expect(bad.status).toBe(400);
+    } finally {
+      session.close();
+    }
+  });
+
+  it("serves HTTPS with ALPN h2 (undici allowH2) and http/1.1 (curl)", async () => {
+    const tls = await startServer(ws, ["--tls-cert", cert, "--tls-key", key, "--cache-dir", join(ws.dir, "c-tls")]);
+    const { readFileSync } = await import("node:fs");
+    const client = new Client(tls.url, { allowH2: true, connect: { ca: readFileSync(cert, "utf8") } });
+    try {
+      expect(tls.url).toMatch(/^https:/);
+      const res = await client.request({ path: "/v1/objects/data/big.bin", method: "GET", headers: { range: "bytes=10-1009" } });
+      expect(res.statusCode).toBe(206);
+      expectSameBytes(new Uint8Array(await res.body.arrayBuffer()), body.subarray(10, 1010));
+      const metrics = await (await client.request({ path: "/metrics", method: "GET" })).body.text();
+      expect(readMetric(metrics, "rackfeed_served_bytes_total", { transport: "http2" })).toBe(1000);
+      const h1 = await curl(["--http1.1", "--cacert", cert, `${tls.url}/v1/objects/data/big.bin`]);
+      expect(h1).toEqual({ version: "1.1", sha: sha(body) });
+    } finally {
+      await client.close();
+      await tls.close();
+    }
+  });
+});
+
+describe("HTTP/2 on Deno", () => {
+  let plain: ChildServer;
+  let secure: ChildServer;
+  beforeAll(async () => {
+    const common = ["run", "-A", `${ROOT}src/main.ts`, "serve", "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`];
+    plain = await startChild(DENO, [...common, "--cache-dir", join(ws.dir, "c-deno")]);
+    secure = await startChild(DENO, [...common, "--cache-dir", join(ws.dir, "c-deno-tls"), "--tls-cert", cert, "--tls-key", key]);
+  }, 120_000);
+  afterAll(async () => {
+    await plain?.stop();
+    await secure?.stop();
+  });
+
+  it("serves h2c and HTTP/1.1 on one port", async () => {
+    expect(await curl(["--http2-prior-knowledge", `${plain.url}/v1/objects/data/big.bin`])).toEqual({ version: "2", sha: sha(body) });
+    expect(await curl([`${plain.url}/v1/objects/data/big.bin`])).toEqual({ version: "1.1", sha: sha(body) });
+  });
+
+  it("serves HTTPS with ALPN h2 and http/1.1", async () => {
+    expect(secure.url).toMatch(/^https:/);
+    expect(await curl(["--http2", "--cacert", cert, `${secure.url}/v1/objects/data/big.bin`])).toEqual({ version: "2", sha: sha(body) });
+    expect(await curl(["--http1.1", "--cacert", cert, `${secure.url}/v1/objects/data/big.bin`])).toEqual({ version: "1.1", sha: sha(body) });
+  });
+});
