@@ -12,6 +12,7 @@ import { rejectDotSegments } from "./http/middleware/reject-dot-segments.ts";
 import { datasetRoutes } from "./http/routes/datasets.ts";
 import { operationalRoutes } from "./http/routes/health.ts";
 import { prefetchRoutes } from "./http/routes/prefetch.ts";
+import { telemetryRoutes } from "./http/routes/telemetry.ts";
 import type { PrefetchJobs } from "./prefetch/prefetch-jobs.ts";
 import { objectRoutes } from "./http/routes/objects.ts";
 import type { ServedBytes } from "./http/served-bytes.ts";
@@ -77,6 +78,7 @@ export function createApp(deps: AppDeps): Hono {
     stats: deps.batchStats,
   });
   prefetchRoutes(app, { jobs: deps.prefetch, adminToken: deps.adminToken });
+  telemetryRoutes(app, { metrics: deps.metrics, datasets: () => deps.datasets.names() });
   app.get("/openapi.json", routeDoc("operations", "This OpenAPI description, generated from the route definitions"), openAPIRouteHandler(app, {
     documentation: OPENAPI_DOCUMENT,
     excludeStaticFile: false, // "/openapi.json" has a dot but is no static file

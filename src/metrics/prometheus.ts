@@ -46,6 +46,10 @@ export class Metrics {
   readonly fillSeconds: Histogram<"source">;
   /** Time to assemble one batch (or samples response), by whether its blocks were all in memory. */
   readonly batchSeconds: Histogram<"cache">;
+  readonly #tWait: Histogram<"dataset">;
+  readonly #tH2d: Histogram<"dataset">;
+  readonly #tCompute: Histogram<"dataset">;
+  readonly #steps: Counter<"dataset" | "healthy">;
 
   /** @param src the snapshot functions */
   constructor(src: MetricSources) {
@@ -187,6 +191,19 @@ export class Metrics {
       registers: reg,
     });
 
+    const stepBuckets = [0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
+    const stepHistogram = (name: string, help: string) =>
+      new Histogram({ name, help, labelNames: ["dataset"], buckets: stepBuckets, registers: reg });
+    this.#tWait = stepHistogram("rackfeed_t_wait_seconds", "Trainer-reported time a step waited for its batch (client SDK)");
+    this.#tH2d = stepHistogram("rackfeed_t_h2d_seconds", "Trainer-reported host-to-device copy time of a batch");
+    this.#tCompute = stepHistogram("rackfeed_t_compute_seconds", "Trainer-reported compute time of a step");
+    this.#steps = new Counter({
+      name: "rackfeed_steps_total",
+      help: "Reported steps with all three timings; healthy when t_wait + t_h2d < t_compute",
+      labelNames: ["dataset", "healthy"],
+      registers: reg,
+    });
+
     this.fillSeconds = new Histogram({
       name: "rackfeed_fill_seconds",
       help: "Time to fill one block, by source",
@@ -194,6 +211,16 @@ export class Metrics {
       buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
       registers: reg,
     });
+  }
+
+  /** Records one reported step of a consumer of `dataset`. */
+  observeStep(dataset: string, s: { t_wait?: number; t_h2d?: number; t_compute?: number }): void {
+    if (s.t_wait !== undefined) this.#tWait.observe({ dataset }, s.t_wait);
+    if (s.t_h2d !== undefined) this.#tH2d.observe({ dataset }, s.t_h2d);
+    if (s.t_compute !== undefined) this.#tCompute.observe({ dataset }, s.t_compute);
+    if (s.t_wait !== undefined && s.t_h2d !== undefined && s.t_compute !== undefined) {
+      this.#steps.inc({ dataset, healthy: String(s.t_wait + s.t_h2d < s.t_compute) });
+    }
   }
 
   /** Content type of the exposition. */

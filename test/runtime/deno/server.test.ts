@@ -82,3 +82,29 @@ Deno.test("keeps the warm cache across a restart on Deno's file APIs", async () 
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("the client SDK reads objects and iterates batches on Deno", async () => {
+  const { RackfeedClient } = await import("../../../src/client/mod.ts");
+  const { encodeIndex } = await import("../../../src/dataset/mod.ts");
+  await withServer(["--admin-token", "deno-admin-token"], async (url, dir) => {
+    const lengths = Array.from({ length: 50 }, (_, i) => 100 + i * 7);
+    const tokens = lengths.reduce((a, b) => a + b, 0);
+    await Deno.writeFile(`${dir}/origin/t.idx`, encodeIndex({ dtypeCode: 8, lengths }));
+    await Deno.writeFile(`${dir}/origin/t.bin`, new Uint8Array(new Uint16Array(tokens).map((_, i) => i % 5000).buffer));
+    const put = await fetch(`${url}/v1/datasets/t`, {
+      method: "PUT",
+      headers: { authorization: "Bearer deno-admin-token" },
+      body: JSON.stringify({ sources: [{ prefix: "data/t" }], seq_length: 32, seed: 1, split: "100,0,0", split_index: 0, num_samples: 100 }),
+    });
+    assert.equal(put.status, 201);
+    const c = new RackfeedClient({ url });
+    assert.deepEqual(await c.readObject("data", "shard.bin", { start: 1, end: 4 }), pattern(200_000).subarray(1, 4));
+    const steps: number[] = [];
+    for await (const b of c.batches("t", { rank: 0, world: 1, microBatch: 4, endStep: 5 })) {
+      steps.push(b.step);
+      assert.equal(b.tokens.length, 4 * 33);
+    }
+    assert.deepEqual(steps, [0, 1, 2, 3, 4]);
+    await c.close();
+  });
+});

@@ -1,0 +1,75 @@
+/** @module `POST /v1/telemetry`: trainers report t_wait, t_h2d and t_compute per step; the server keeps them as histograms. */
+
+import type { Hono } from "hono";
+import { bodyLimit } from "hono/body-limit";
+import { badRequest } from "../../errors.ts";
+import type { Metrics } from "../../metrics/prometheus.ts";
+import { routeDoc } from "../route-docs.ts";
+
+/** Most steps in one report. */
+export const MAX_REPORT_STEPS = 10_000;
+
+/**
+ * Registers the telemetry route (behind the read token, like every `/v1` route).
+ *
+ * @param app the Hono app
+ * @param deps the metrics that receive the timings and the known dataset names
+ */
+export function telemetryRoutes(app: Hono, deps: { metrics: Metrics; datasets: () => readonly string[] }): void {
+  app.post(
+    "/v1/telemetry",
+    routeDoc("datasets", "Report per-step t_wait, t_h2d and t_compute of a consumer (the SDK does this)", {
+      requestBody: { required: true, content: { "application/json": { schema: { type: "object" } } } },
+      responses: { 204: { description: "Recorded" } },
+    }),
+    bodyLimit({
+      maxSize: 2 << 20,
+      onError: () => {
+        throw badRequest("Telemetry report too large: at most 2 MiB of JSON; report more often");
+      },
+    }),
+    async (c) => {
+      let body: unknown;
+      try {
+        body = await c.req.json();
+      } catch (e) {
+        throw badRequest(`Cannot parse the telemetry report as JSON: ${(e as Error).message}`);
+      }
+      const r = parseReport(body, deps.datasets());
+      for (const s of r.steps) deps.metrics.observeStep(r.dataset, s);
+      return c.body(null, 204);
+    },
+  );
+}
+
+interface Report {
+  dataset: string;
+  steps: { t_wait?: number; t_h2d?: number; t_compute?: number }[];
+}
+
+function parseReport(body: unknown, known: readonly string[]): Report {
+  const b = body as Record<string, unknown>;
+  if (typeof b !== "object" || b === null || typeof b.dataset !== "string") {
+    throw badRequest('Invalid telemetry report: expected {"dataset": name, "steps": [{"step", "t_wait", "t_h2d", "t_compute"}]}');
+  }
+  // Labels come from registered names only, so a client cannot grow the metric set without bound.
+  if (!known.includes(b.dataset)) throw badRequest(`Invalid telemetry report: unknown dataset "${b.dataset}"`);
+  if (!Array.isArray(b.steps) || b.steps.length > MAX_REPORT_STEPS) {
+    throw badRequest(`Invalid telemetry "steps": expected an array of at most ${MAX_REPORT_STEPS} entries`);
+  }
+  const seconds = (v: unknown, what: string): number | undefined => {
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "number" || !Number.isFinite(v) || v < 0 || v > 86_400) {
+      throw badRequest(`Invalid telemetry "${what}": expected seconds from 0 to 86400, received ${JSON.stringify(v)}`);
+    }
+    return v;
+  };
+  return {
+    dataset: b.dataset,
+    steps: b.steps.map((s: Record<string, unknown>, i: number) => ({
+      t_wait: seconds(s?.t_wait, `steps[${i}].t_wait`),
+      t_h2d: seconds(s?.t_h2d, `steps[${i}].t_h2d`),
+      t_compute: seconds(s?.t_compute, `steps[${i}].t_compute`),
+    })),
+  };
+}

@@ -1,0 +1,112 @@
+import { writeFile } from "node:fs/promises";
+import { createServer as netServer } from "node:net";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
+import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { syntheticDataset } from "../helpers/token-data.ts";
+
+const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
+let ws: Workspace;
+let rf: RunningServer;
+let args: string[];
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  const { idx, bin } = syntheticDataset(1500, 50, 600);
+  await ws.put("tok/d.idx", idx);
+  await ws.put("tok/d.bin", bin);
+  await ws.put("obj.bin", patternBytes(100_000, 3));
+  await writeFile(join(ws.dir, "d.json"), JSON.stringify(REG));
+  args = ["--dataset", `d=${join(ws.dir, "d.json")}`, "--block-bytes", "16KiB"];
+  rf = await startServer(ws, args);
+});
+afterAll(async () => {
+  await rf.close();
+  await ws.remove();
+});
+
+const direct = async (url: string, step: number) =>
+  new Uint8Array(await (await fetch(`${url}/v1/datasets/d/batches/${step}?rank=1&world=2&micro_batch=4`)).arrayBuffer());
+
+describe("RackfeedClient", () => {
+  it("reads objects and ranges of them", async () => {
+    const c = new RackfeedClient({ url: rf.url });
+    expectSameBytes(await c.readObject("data", "obj.bin"), patternBytes(100_000, 3));
+    expectSameBytes(await c.readObject("data", "obj.bin", { start: 99_990 }), patternBytes(100_000, 3).subarray(99_990));
+    expectSameBytes(await c.readObject("data", "obj.bin", { start: 5, end: 10 }), patternBytes(100_000, 3).subarray(5, 10));
+  });
+
+  it("iterates a rank's batches from any step with prefetch, typed by the dataset's dtype", async () => {
+    const c = new RackfeedClient({ url: rf.url });
+    const seen: number[] = [];
+    for await (const b of c.batches("d", { rank: 1, world: 2, microBatch: 4, startStep: 10, endStep: 20, prefetch: 3 })) {
+      seen.push(b.step);
+      expect(b.tokens).toBeInstanceOf(Uint16Array);
+      expect(b.shape).toEqual([4, 129]);
+      expect(b.firstSample).toBe((b.step * 2 + 1) * 4);
+      expect(b.waitSeconds).toBeGreaterThanOrEqual(0);
+      expectSameBytes(new Uint8Array(b.tokens.buffer), await direct(rf.url, b.step), `step ${b.step}`);
+    }
+    expect(seen).toEqual([10, 11, 12, 13, 14, 15, 16, 17, 18, 19]);
+  });
+
+  it("reports t_wait, and t_h2d/t_compute given by the caller, as server histograms", async () => {
+    const c = new RackfeedClient({ url: rf.url, reportEvery: 1000 });
+    const before = await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" });
+    for await (const b of c.batches("d", { rank: 0, world: 2, microBatch: 4, endStep: 6 })) {
+      c.reportStep(b.step, { t_h2d: 0.001, t_compute: b.step < 3 ? 0.5 : 0 });
+    }
+    await c.close();
+    expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" })).toBe(before + 6);
+    expect(await rf.metric("rackfeed_t_h2d_seconds_count", { dataset: "d" })).toBeGreaterThanOrEqual(6);
+    expect(await rf.metric("rackfeed_steps_total", { dataset: "d", healthy: "true" })).toBeGreaterThanOrEqual(3);
+    expect(await rf.metric("rackfeed_steps_total", { dataset: "d", healthy: "false" })).toBeGreaterThanOrEqual(3);
+  });
+
+  it("does not retry a 4xx and raises the server's message", async () => {
+    const c = new RackfeedClient({ url: rf.url });
+    const err = await c.batch("nope", 0, { rank: 0, world: 1, microBatch: 1 }).catch((e) => e);
+    expect(err).toBeInstanceOf(RackfeedError);
+    expect(err.status).toBe(404);
+    expect(err.message).toMatch(/Unknown dataset "nope"/);
+    expect(c.retried).toBe(0);
+  });
+
+  it("survives a server restart mid-iteration: resumes at the next step with no duplicate and no gap", async () => {
+    const port = await freePort();
+    const listen = ["--listen", `127.0.0.1:${port}`, "--cache-dir", join(ws.dir, "restart-cache")];
+    let server: RunningServer | undefined = await startServer(ws, [...args, ...listen]);
+    const c = new RackfeedClient({ url: `http://127.0.0.1:${port}`, backoffMs: 20, maxBackoffMs: 200, retries: 50 });
+    const got: { step: number; bytes: Uint8Array }[] = [];
+    let restarted: Promise<void> | undefined;
+    for await (const b of c.batches("d", { rank: 1, world: 2, microBatch: 4, endStep: 12, prefetch: 2 })) {
+      got.push({ step: b.step, bytes: new Uint8Array(b.tokens.buffer.slice(0)) });
+      if (b.step === 4) {
+        const old = server!;
+        server = undefined;
+        await old.close();
+        restarted = new Promise((r) => setTimeout(r, 300)).then(async () => {
+          server = await startServer(ws, [...args, ...listen]);
+        });
+      }
+    }
+    await restarted;
+    try {
+      expect(got.map((g) => g.step)).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+      expect(c.retried).toBeGreaterThan(0);
+      for (const g of got) expectSameBytes(g.bytes, await direct(rf.url, g.step), `step ${g.step}`);
+    } finally {
+      await server?.close();
+    }
+  });
+});
+
+function freePort(): Promise<number> {
+  return new Promise((resolve) => {
+    const s = netServer().listen(0, "127.0.0.1", () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
