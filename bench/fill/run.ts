@@ -15,14 +15,14 @@
 //
 // Run from the repo root (root needed to start RGW the first time):
 //   node --import tsx bench/fill/run.ts            # prints a Markdown table, saves bench/.out/fill.md
-// Knobs: BENCH_REPS BENCH_LATENCY_MS BENCH_CONN_MBPS BENCH_PARALLEL BENCH_RUNTIMES=node,deno
+// Knobs: BENCH_SRC (rackfeed sources to run, default this checkout) BENCH_REPS BENCH_LATENCY_MS BENCH_CONN_MBPS BENCH_PARALLEL BENCH_RUNTIMES=node,deno
 //        BENCH_ARGS="--origin-concurrency 32" (extra rackfeed serve flags)
 
 import { GetObjectCommand, HeadObjectCommand, PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
 import { spawn, spawnSync } from "node:child_process";
 import { randomFillSync } from "node:crypto";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { latency, startFaultProxy } from "../../test/helpers/fault-proxy.ts";
@@ -36,6 +36,9 @@ const PARALLEL = Number(process.env.BENCH_PARALLEL ?? 32);
 const RUNTIMES = (process.env.BENCH_RUNTIMES ?? "node,deno").split(",").filter(Boolean);
 const EXTRA = (process.env.BENCH_ARGS ?? "").split(" ").filter(Boolean);
 const MiB = 2 ** 20;
+// rackfeed's sources (BENCH_SRC: e.g. a `git archive HEAD` snapshot, so edits in the working
+// tree during a long run cannot change what is measured).
+const SRC = process.env.BENCH_SRC ? process.env.BENCH_SRC.replace(/\/?$/, "/") : ROOT;
 // Children die with the bench, however it ends.
 const children = new Set<ReturnType<typeof spawn>>();
 for (const sig of ["SIGINT", "SIGTERM"] as const) {
@@ -134,8 +137,8 @@ async function rackfeed(runtime: string, endpoint: string, objs: Obj[], clients:
   const cfg = join(dir, "c.json");
   writeFileSync(cfg, JSON.stringify({ origins: { s3: { url: `s3://${bucket}/${PREFIX}`, endpoint, region: env.AWS_REGION } } }));
   const args = ["serve", "--listen", "127.0.0.1:0", "--config", cfg, "--cache-dir", join(dir, "cache"), "--memory-bytes", "3GiB", "--disk-bytes", "4GiB", ...EXTRA];
-  const cmd = runtime === "deno" ? [`${ROOT}node_modules/.bin/deno`, "run", "-A", `${ROOT}src/main.ts`, ...args] : [process.execPath, "--import", "tsx", `${ROOT}src/main.node.ts`, ...args];
-  const proc = spawn(cmd[0], cmd.slice(1), { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, NO_COLOR: "1", DENO_NO_UPDATE_CHECK: "1" } });
+  const cmd = runtime === "deno" ? [`${ROOT}node_modules/.bin/deno`, "run", "-A", `${SRC}src/main.ts`, ...args] : [process.execPath, "--import", "tsx", `${SRC}src/main.node.ts`, ...args];
+  const proc = spawn(cmd[0], cmd.slice(1), { cwd: SRC, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, NO_COLOR: "1", DENO_NO_UPDATE_CHECK: "1" } });
   children.add(proc);
   proc.on("exit", () => children.delete(proc));
   let out = "";
@@ -160,7 +163,7 @@ async function rackfeed(runtime: string, endpoint: string, objs: Obj[], clients:
     await Promise.all(Array.from({ length: clients }, async () => {
       while (next < objs.length) {
         const o = objs[next++];
-        const res = await fetch(`${url}/v1/objects/s3/${o.key}`);
+        const res = await fetch(`${url}/v1/objects/s3/${o.key}`, { signal: AbortSignal.timeout(180_000) });
         if (res.status !== 200) throw new Error(`GET ${o.key}: ${res.status} ${await res.text()}`);
         const n = await drain(res.body as unknown as AsyncIterable<Uint8Array>);
         bytes += n;
@@ -205,6 +208,7 @@ for (let rep = 0; rep < REPS; rep++) {
       const errors = metric(metrics, "rackfeed_origin_errors_total");
       if (errors > 0) notes.push(`rep ${rep} ${name} ${rt}: ${errors} origin errors, ${metric(metrics, "rackfeed_origin_retries_total")} retries`);
     }
+    notes.push(`rep ${rep} ${name}: load average ${loadavg().map((x) => x.toFixed(1)).join(" ")}`);
     console.error(`rep ${rep} ${name}: ${Object.entries(r).map(([k, v]) => `${k} ${v[rep].toFixed(k.includes("/") ? 2 : 0)}`).join(", ")}`);
   }
 }
