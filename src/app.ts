@@ -39,6 +39,8 @@ export interface AppDeps {
   readonly readToken: string | undefined;
   /** Token for admin routes; undefined closes them. */
   readonly adminToken: string | undefined;
+  /** Turns one view of cached bytes into a response body without a copy on this runtime. */
+  readonly wrapBody: (bytes: Uint8Array) => BodyInit;
   /** Largest samples/batch body. */
   readonly maxBatchBytes: number;
   readonly now: () => number;
@@ -65,7 +67,7 @@ export function createApp(deps: AppDeps): Hono {
   app.use("/v1/*", bearerAuth({ token: deps.readToken, required: false, role: "read", alsoAccept: deps.adminToken }));
   operationalRoutes(app, { metrics: deps.metrics });
   dashboardRoutes(app, { status: deps.status });
-  objectRoutes(app, { origins: deps.origins, cache: deps.cache, served: deps.served });
+  objectRoutes(app, { origins: deps.origins, cache: deps.cache, served: deps.served, wrapBody: deps.wrapBody });
   datasetRoutes(app, {
     catalog: deps.datasets,
     cache: deps.cache,
@@ -76,6 +78,7 @@ export function createApp(deps: AppDeps): Hono {
     now: deps.now,
     onBatch: (s, cache) => deps.metrics.batchSeconds.observe({ cache }, s),
     stats: deps.batchStats,
+    wrapBody: deps.wrapBody,
   });
   prefetchRoutes(app, { jobs: deps.prefetch, adminToken: deps.adminToken });
   telemetryRoutes(app, { metrics: deps.metrics, datasets: () => deps.datasets.names() });

@@ -39,6 +39,12 @@ export interface ServerEnv {
   readonly now: () => number;
   /** Where warnings and unexpected errors go. */
   readonly log: (message: string, err?: unknown) => void;
+  /**
+   * Wraps a response body that is one view of cached bytes. Deno copies a `Uint8Array` body but
+   * streams a `ReadableStream` chunk as is, so its host passes a one-chunk stream here; Node
+   * writes a `Uint8Array` directly and leaves this unset.
+   */
+  readonly wrapBody?: (bytes: Uint8Array) => BodyInit;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
   readonly makeOrigin?: (spec: Config["origins"][number]) => Origin;
 }
@@ -161,6 +167,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     prefetch,
     batchStats,
     status,
+    wrapBody: env.wrapBody ?? ((b: Uint8Array) => b as Uint8Array<ArrayBuffer>),
     readToken: config.readToken,
     adminToken: config.adminToken,
     maxBatchBytes: config.maxBatchBytes,

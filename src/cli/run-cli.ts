@@ -21,6 +21,8 @@ export interface CliHost {
   readonly onShutdown: (handler: () => void) => void;
   /** e.g. "deno 2.9.6", for the start-up line. */
   readonly runtime: string;
+  /** See `ServerEnv.wrapBody`: how this runtime sends one view of cached bytes without a copy. */
+  readonly wrapBody?: (bytes: Uint8Array) => BodyInit;
   /** Where `prefetch --watch` draws its progress bar (stderr when it is a terminal). */
   readonly progressStream?: NodeJS.WritableStream;
 }
@@ -89,7 +91,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   const log = (m: string, err?: unknown) => host.printError(err === undefined ? m : `${m}: ${describe(err)}`);
   let server;
   try {
-    server = await createServer(config, { now: host.now, log });
+    server = await createServer(config, { now: host.now, log, wrapBody: host.wrapBody });
   } catch (e) {
     if (e instanceof DatasetStartupError) {
       host.printError(`rackfeed: ${e.message}`);

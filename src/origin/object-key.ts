@@ -33,7 +33,7 @@ export function decodeObjectKey(rawSegments: readonly string[]): string {
     out.push(seg);
   }
   const key = out.join("/");
-  if (new TextEncoder().encode(key).length > MAX_KEY_BYTES) {
+  if (utf8Length(key) > MAX_KEY_BYTES) {
     throw badRequest(`Invalid object key: longer than ${MAX_KEY_BYTES} bytes`);
   }
   return key;
@@ -49,7 +49,7 @@ export function decodeObjectKey(rawSegments: readonly string[]): string {
 export function validateObjectKey(key: string): string {
   if (key.length === 0) throw badRequest("Invalid object key: empty");
   for (const seg of key.split("/")) checkSegment(seg, seg);
-  if (new TextEncoder().encode(key).length > MAX_KEY_BYTES) {
+  if (utf8Length(key) > MAX_KEY_BYTES) {
     throw badRequest(`Invalid object key: longer than ${MAX_KEY_BYTES} bytes`);
   }
   return key;
@@ -65,4 +65,11 @@ function checkSegment(seg: string, raw: string): void {
   if (seg.includes("/") || seg.includes("\\")) {
     throw badRequest(`Invalid object key segment "${raw}": encoded "/" or "\\" is not allowed`);
   }
+}
+
+const encoder = new TextEncoder();
+
+/** UTF-8 length; a key of at most MAX_KEY_BYTES / 3 characters cannot exceed the limit. */
+function utf8Length(key: string): number {
+  return key.length * 3 <= MAX_KEY_BYTES ? key.length : encoder.encode(key).length;
 }

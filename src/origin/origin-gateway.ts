@@ -81,6 +81,8 @@ export class OriginGateway {
         max: 100_000,
         ttl: opts.metadataTtl,
         ttlAutopurge: false,
+        // lru-cache otherwise re-reads the clock through a 1 ms timer; 100 ms is ample for a TTL.
+        ttlResolution: 100,
         ...(now ? { perf: { now } } : {}),
       });
     }

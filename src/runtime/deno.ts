@@ -59,5 +59,20 @@ export function denoHost(): CliHost {
     },
     runtime: `deno ${Deno.version.deno}`,
     progressStream: Deno.stderr.isTerminal() ? nodeProcess.stderr : undefined,
+    wrapBody: oneChunkStream,
   };
+}
+
+/**
+ * A body of one chunk: Deno copies a `Uint8Array` response body (it could be mutated after the
+ * call) but hands stream chunks to the socket as they are, so cached block views go out uncopied.
+ */
+export function oneChunkStream(bytes: Uint8Array): ReadableStream<Uint8Array> {
+  // A default (not "bytes") stream: a byte stream would transfer, i.e. detach, the cached buffer.
+  return new ReadableStream({
+    start(controller) {
+      controller.enqueue(bytes);
+      controller.close();
+    },
+  });
 }

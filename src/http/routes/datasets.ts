@@ -25,6 +25,8 @@ export interface DatasetRoutesDeps {
   readonly onBatch: (seconds: number, cache: "hit" | "filling" | "miss") => void;
   /** Per-dataset traffic and slow-batch causes. */
   readonly stats: BatchStats;
+  /** Wraps a body for the runtime (see `ServerEnv.wrapBody`). */
+  readonly wrapBody: (bytes: Uint8Array) => BodyInit;
 }
 
 /** Largest registration body accepted. */
@@ -129,7 +131,7 @@ async function batchResponse(
   deps.onBatch(seconds, state);
   deps.stats.record(reg.name, request, batch, seconds);
   deps.served.add(httpTransport(c.env), batch.body.length);
-  return c.body(batch.body as Uint8Array<ArrayBuffer>, 200, {
+  return c.body(deps.wrapBody(batch.body) as ReadableStream | Uint8Array<ArrayBuffer>, 200, {
     "content-type": "application/octet-stream",
     "x-rackfeed-dtype": batch.dtype,
     "x-rackfeed-shape": `${batch.shape[0]},${batch.shape[1]}`,

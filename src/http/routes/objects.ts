@@ -15,6 +15,8 @@ export interface ObjectRoutesDeps {
   readonly origins: ReadonlyMap<string, OriginGateway>;
   readonly cache: BlockCache;
   readonly served: ServedBytes;
+  /** Wraps a one-view body for the runtime (see `ServerEnv.wrapBody`). */
+  readonly wrapBody: (bytes: Uint8Array) => BodyInit;
 }
 
 const PREFIX = "/v1/objects/";
@@ -83,7 +85,7 @@ export function objectRoutes(app: Hono, deps: ObjectRoutesDeps): void {
       if (first.value.length === end - start) {
         // The whole body lies in one cached block: one view, no stream machinery.
         deps.served.add(transport, first.value.length);
-        return new Response(first.value as Uint8Array<ArrayBuffer>, { status, headers });
+        return new Response(deps.wrapBody(first.value), { status, headers });
       }
       const body = pullStream(prepend(first.value, chunks), (n) => deps.served.add(transport, n));
       return new Response(body, { status, headers });

@@ -3,7 +3,7 @@
 
 import assert from "node:assert/strict";
 import { loadConfig } from "../../../src/config/load.ts";
-import { listenDeno } from "../../../src/runtime/deno.ts";
+import { listenDeno, oneChunkStream } from "../../../src/runtime/deno.ts";
 import { createServer } from "../../../src/server.ts";
 
 function pattern(n: number): Uint8Array {
@@ -25,7 +25,7 @@ async function withServer(
     readTextFile: (p) => Deno.readTextFileSync(p),
     cwd: dir,
   });
-  const server = await createServer(config, { now: () => performance.now(), log: () => {} });
+  const server = await createServer(config, { now: () => performance.now(), log: () => {}, wrapBody: oneChunkStream });
   const listener = await listenDeno(server.fetch, config.listen);
   try {
     await fn(listener.url, dir);
@@ -43,6 +43,17 @@ Deno.test("serves a range spanning three blocks with 206 and content-range", asy
     assert.equal(res.headers.get("content-range"), "bytes 65535-131072/200000");
     const got = new Uint8Array(await res.arrayBuffer());
     assert.deepEqual(got, pattern(200_000).subarray(65535, 131073));
+  });
+});
+
+Deno.test("serves one-block bodies as uncopied stream chunks without damaging the cached block", async () => {
+  await withServer(["--block-bytes", "64KiB"], async (url) => {
+    for (let round = 0; round < 3; round++) {
+      const res = await fetch(`${url}/v1/objects/data/shard.bin`, { headers: { range: "bytes=70000-80000" } });
+      assert.equal(res.status, 206);
+      assert.equal(res.headers.get("content-length"), "10001");
+      assert.deepEqual(new Uint8Array(await res.arrayBuffer()), pattern(200_000).subarray(70000, 80001), `round ${round}`);
+    }
   });
 });
 
