@@ -1,0 +1,242 @@
+/**
+ * @module Benchmark 1 of issue 4: warm batches/s and p50/p99 latency over HTTP/1.1, micro_batch 8 ×
+ * seq_length 4096, uint16 and int32, rackfeed on Deno and on Node, beside a numpy memmap gather of
+ * exactly the same windows from the local files (/usr/bin/python3 + Debian python3-numpy).
+ *
+ * Run from the repo root:   node --import tsx bench/datasets/warm-batches.ts
+ * Knobs (environment): BENCH_STEPS=1500 (steps per pass = batches), BENCH_PASSES=2 (timed passes
+ *   per measurement), BENCH_REPS=3 (interleaved repetitions), BENCH_CONCURRENCY=4 (second load level),
+ *   BENCH_EXTRA_FLAGS="" (more serve flags for both servers, e.g. "--read-ahead-seconds 0").
+ *
+ * Per dataset: the plan (`(byteOffset, tokens)` pieces of every sample, from buildTokenDataset on
+ * the same .idx and registration the server gets) is written for numpy. An untimed warm pass
+ * fetches every batch once (filling rackfeed's memory tier; the memory budget is 2 GiB, larger
+ * than both .bin files) and checks each body's sha256 against numpy's batch: any difference
+ * aborts. Timed passes then request the same steps in order over keep-alive HTTP/1.1 (node:http,
+ * 1 or BENCH_CONCURRENCY requests in flight); every timed answer must say x-rackfeed-cache: hit.
+ * Latency = request written → last body byte read, at the client.
+ */
+
+import { spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { Agent } from "node:http";
+import { join } from "node:path";
+import { buildTokenDataset, parseDatasetConfig, parseIndex, PIECE_STRIDE } from "../../src/dataset/mod.ts";
+import { type ChildServer, DENO, NODE, NODE_TS, startChild } from "../../test/helpers/spawn.ts";
+import {
+  type BenchDataset,
+  DATASETS,
+  ensureDataset,
+  fmt,
+  httpGet,
+  MICRO_BATCH,
+  OUT,
+  pct,
+  registration,
+  ROOT,
+  SEQ_LENGTH,
+  sortedCopy,
+  table,
+} from "./common.ts";
+
+const STEPS = Number(process.env.BENCH_STEPS ?? 1500);
+const PASSES = Number(process.env.BENCH_PASSES ?? 2);
+const REPS = Number(process.env.BENCH_REPS ?? 3);
+const CONC = Number(process.env.BENCH_CONCURRENCY ?? 4);
+const ADMIN = "bench-admin";
+const DATA = join(OUT, "data");
+const DEADLINE = Date.now() + 20 * 60_000; // every loop below is bounded by count; this bounds the whole run
+
+interface Result {
+  batchesPerS: number;
+  lat: Float64Array; // seconds, sorted
+  misses: number;
+}
+
+function writePlan(ds: BenchDataset, prefix: string): { plan: string; window: number } {
+  const idx = readFileSync(`${prefix}.idx`);
+  const index = parseIndex(idx, { path: `${prefix}.idx`, binSize: statSync(`${prefix}.bin`).size });
+  const config = parseDatasetConfig(registration("bench", ds.name, STEPS * MICRO_BATCH));
+  const dataset = buildTokenDataset(config, [index]);
+  const pieces = new Float64Array(PIECE_STRIDE * dataset.maxPiecesPerSample);
+  const out: number[] = [];
+  for (let i = 0; i < STEPS * MICRO_BATCH; i++) {
+    const n = dataset.planSample(i, pieces);
+    out.push(n);
+    for (let p = 0; p < n; p++) out.push(pieces[PIECE_STRIDE * p + 1], pieces[PIECE_STRIDE * p + 2]);
+  }
+  const plan = join(OUT, `${ds.name}.plan`);
+  writeFileSync(plan, new Uint8Array(Float64Array.from(out).buffer));
+  return { plan, window: dataset.windowLength };
+}
+
+function numpyRun(ds: BenchDataset, prefix: string, plan: string, window: number): { r: Result; hashes: string[]; version: string } {
+  const out = join(OUT, `${ds.name}.numpy.json`);
+  const p = spawnSync("/usr/bin/python3", [
+    join(ROOT, "bench/datasets/numpy_gather.py"),
+    `${prefix}.bin`,
+    ds.numpyDtype,
+    plan,
+    String(STEPS),
+    String(MICRO_BATCH),
+    String(window),
+    String(PASSES),
+    out,
+  ], { stdio: "inherit", timeout: 300_000 });
+  if (p.status !== 0) throw new Error(`numpy_gather.py failed (${p.status ?? p.signal}); is python3-numpy installed?`);
+  const j = JSON.parse(readFileSync(out, "utf8"));
+  return { r: { batchesPerS: j.batches / j.seconds, lat: sortedCopy(j.latencies), misses: 0 }, hashes: j.hashes, version: j.numpy };
+}
+
+function batchUrl(base: string, name: string, step: number): URL {
+  return new URL(`${base}/v1/datasets/${name}/batches/${step}?rank=0&world=1&micro_batch=${MICRO_BATCH}`);
+}
+
+async function warmAndCheck(base: string, name: string, hashes: string[], bodyBytes: number): Promise<void> {
+  const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+  try {
+    for (let s = 0; s < STEPS; s++) {
+      const r = await httpGet(agent, batchUrl(base, name, s));
+      if (r.status !== 200 || r.body.length !== bodyBytes) throw new Error(`${base} ${name} step ${s}: HTTP ${r.status}, ${r.body.length} bytes`);
+      const h = createHash("sha256").update(r.body).digest("hex");
+      if (h !== hashes[s]) throw new Error(`${base} ${name} step ${s}: body differs from numpy's gather (sha256 ${h} vs ${hashes[s]})`);
+    }
+  } finally {
+    agent.destroy();
+  }
+}
+
+async function httpRun(base: string, name: string, conc: number, bodyBytes: number): Promise<Result> {
+  const agent = new Agent({ keepAlive: true, maxSockets: conc });
+  const lat: number[] = [];
+  let misses = 0;
+  const total = STEPS * PASSES;
+  let next = 0;
+  const t0 = performance.now();
+  const worker = async () => {
+    while (next < total && Date.now() < DEADLINE) {
+      const s = next++ % STEPS;
+      const a = performance.now();
+      const r = await httpGet(agent, batchUrl(base, name, s));
+      lat.push((performance.now() - a) / 1000);
+      if (r.status !== 200 || r.body.length !== bodyBytes) throw new Error(`${name} step ${s}: HTTP ${r.status}, ${r.body.length} bytes`);
+      if (r.cache !== "hit") misses++;
+    }
+  };
+  await Promise.all(Array.from({ length: conc }, worker));
+  const secs = (performance.now() - t0) / 1000;
+  agent.destroy();
+  return { batchesPerS: lat.length / secs, lat: sortedCopy(lat), misses };
+}
+
+async function startServer(rt: "deno" | "node"): Promise<ChildServer> {
+  const cache = join(OUT, `cache-${rt}`);
+  rmSync(cache, { recursive: true, force: true });
+  const flags = [
+    "serve",
+    "--listen",
+    "127.0.0.1:0",
+    "--origin",
+    `bench=${DATA}`,
+    "--cache-dir",
+    cache,
+    "--admin-token",
+    ADMIN,
+    "--memory-bytes",
+    "2GiB",
+    "--disk-bytes",
+    "4GiB",
+    ...(process.env.BENCH_EXTRA_FLAGS ?? "").split(" ").filter((f) => f !== ""),
+  ];
+  return rt === "deno"
+    ? await startChild(DENO, ["run", "-A", join(ROOT, "src/main.ts"), ...flags])
+    : await startChild(NODE, [...NODE_TS, join(ROOT, "src/main.node.ts"), ...flags]);
+}
+
+async function register(base: string, ds: BenchDataset): Promise<void> {
+  const res = await fetch(`${base}/v1/datasets/${ds.name}`, {
+    method: "PUT",
+    headers: { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" },
+    body: JSON.stringify(registration("bench", ds.name, STEPS * MICRO_BATCH)),
+  });
+  if (res.status !== 201) throw new Error(`register ${ds.name}: HTTP ${res.status} ${await res.text()}`);
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor((s.length - 1) / 2)];
+}
+
+async function main(): Promise<void> {
+  mkdirSync(OUT, { recursive: true });
+  const prefixes = new Map<string, string>();
+  const plans = new Map<string, { plan: string; window: number }>();
+  for (const ds of DATASETS) {
+    const prefix = ensureDataset(DATA, ds);
+    prefixes.set(ds.name, prefix);
+    plans.set(ds.name, writePlan(ds, prefix));
+  }
+  const servers = { deno: await startServer("deno"), node: await startServer("node") };
+  const results = new Map<string, Result[]>(); // key: dataset/target
+  const push = (k: string, r: Result) => (results.get(k) ?? results.set(k, []).get(k)!).push(r);
+  let numpyVersion = "";
+  try {
+    for (const [, s] of Object.entries(servers)) for (const ds of DATASETS) await register(s.url, ds);
+    for (let rep = 0; rep < REPS && Date.now() < DEADLINE; rep++) {
+      for (const ds of DATASETS) {
+        const prefix = prefixes.get(ds.name)!;
+        const { plan, window } = plans.get(ds.name)!;
+        const bodyBytes = MICRO_BATCH * window * ds.itemSize;
+        const np = numpyRun(ds, prefix, plan, window);
+        numpyVersion = np.version;
+        push(`${ds.name}/numpy`, np.r);
+        for (const rt of ["deno", "node"] as const) {
+          const base = servers[rt].url;
+          if (rep === 0) await warmAndCheck(base, ds.name, np.hashes, bodyBytes);
+          push(`${ds.name}/${rt} c=1`, await httpRun(base, ds.name, 1, bodyBytes));
+          push(`${ds.name}/${rt} c=${CONC}`, await httpRun(base, ds.name, CONC, bodyBytes));
+        }
+        process.stderr.write(`rep ${rep} ${ds.name} done\n`);
+      }
+    }
+    for (const rt of ["deno", "node"] as const) {
+      process.stderr.write(`${rt} server RSS after the run: ${(servers[rt].rss() / 2 ** 20).toFixed(0)} MiB\n`);
+    }
+  } finally {
+    await servers.deno.stop();
+    await servers.node.stop();
+  }
+
+  const rows: string[][] = [];
+  for (const ds of DATASETS) {
+    const base = results.get(`${ds.name}/numpy`)!;
+    const baseRate = median(base.map((r) => r.batchesPerS));
+    for (const target of ["numpy", "deno c=1", "node c=1", `deno c=${CONC}`, `node c=${CONC}`]) {
+      const rs = results.get(`${ds.name}/${target}`)!;
+      const rates = rs.map((r) => r.batchesPerS);
+      const rate = median(rates);
+      const mbps = (rate * MICRO_BATCH * (SEQ_LENGTH + 1) * ds.itemSize) / 1e6;
+      rows.push([
+        ds.name === "u16" ? "uint16" : "int32",
+        target === "numpy" ? "numpy memmap gather (baseline)" : `rackfeed ${target}`,
+        `${fmt(rate, 0)} (${fmt(Math.min(...rates), 0)}–${fmt(Math.max(...rates), 0)})`,
+        fmt(mbps, 0),
+        fmt(median(rs.map((r) => pct(r.lat, 50) * 1000)), 3),
+        fmt(median(rs.map((r) => pct(r.lat, 99) * 1000)), 3),
+        target === "numpy" ? "1.00" : fmt(rate / baseRate, 2),
+        String(rs.reduce((a, r) => a + r.misses, 0)),
+      ]);
+    }
+  }
+  console.log(
+    `warm batches: micro_batch ${MICRO_BATCH} × window ${SEQ_LENGTH + 1} tokens, ${STEPS} steps × ${PASSES} passes per measurement, ` +
+      `median of ${REPS} reps (min–max); numpy ${numpyVersion}; bodies sha256-equal to numpy's for all ${STEPS} steps on both runtimes`,
+  );
+  console.log(
+    table(["dtype", "target", "batches/s", "MB/s", "p50 ms", "p99 ms", "× numpy", "non-hit answers"], rows),
+  );
+}
+
+await main();
+process.exit(0);
