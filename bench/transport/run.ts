@@ -1,0 +1,130 @@
+// bench/transport: warm 1 MiB and 8 MiB bodies over HTTP/1.1 and HTTP/2 (h2c) from rackfeed on
+// Deno and Node, beside single-thread memcpy measured in the same run (the physical limit);
+// and p50/p99 latency of a token batch (micro_batch 8 × 4097 uint16 tokens) per transport.
+// Client: node:http (keep-alive) and node:http2, 4 requests in flight, bounded by time.
+//
+// Run: node --import tsx bench/transport/run.ts      Knobs: BENCH_SECONDS=3
+
+import * as http from "node:http";
+import * as http2 from "node:http2";
+import { writeFile } from "node:fs/promises";
+import { makeWorkspace } from "../../test/helpers/rackfeed.ts";
+import { DENO, NODE, NODE_TS, ROOT, startChild } from "../../test/helpers/spawn.ts";
+import { syntheticDataset } from "../../test/helpers/token-data.ts";
+
+const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
+const INFLIGHT = 4;
+
+function memcpyGBs(bytes: number): number {
+  const a = Buffer.alloc(bytes, 1);
+  const b = Buffer.alloc(bytes);
+  let n = 0;
+  const t0 = performance.now();
+  while (performance.now() - t0 < 1000) {
+    a.copy(b);
+    n++;
+  }
+  return (n * bytes) / ((performance.now() - t0) / 1000) / 1e9;
+}
+
+type Get = (path: string) => Promise<number>;
+
+function h1Getter(url: string): { get: Get; close: () => void } {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: INFLIGHT });
+  const u = new URL(url);
+  const get: Get = (path) =>
+    new Promise((resolve, reject) => {
+      http.get({ host: u.hostname, port: u.port, path, agent }, (res) => {
+        let n = 0;
+        res.on("data", (d: Buffer) => (n += d.length));
+        res.on("end", () => resolve(n));
+        res.on("error", reject);
+      }).on("error", reject);
+    });
+  return { get, close: () => agent.destroy() };
+}
+
+function h2Getter(url: string): { get: Get; close: () => void } {
+  const session = http2.connect(url, { settings: { initialWindowSize: 16 * 2 ** 20 } });
+  session.on("error", () => {}); // surfaced by the requests
+  session.once("connect", () => session.setLocalWindowSize(64 * 2 ** 20));
+  const get: Get = (path) =>
+    new Promise((resolve, reject) => {
+      const req = session.request({ ":path": path });
+      let n = 0;
+      req.on("data", (d: Buffer) => (n += d.length));
+      req.on("end", () => resolve(n));
+      req.on("error", reject);
+      req.end();
+    });
+  return { get, close: () => session.close() };
+}
+
+async function throughput(get: Get, path: string): Promise<number> {
+  let bytes = 0;
+  const t0 = performance.now();
+  const worker = async () => {
+    while (performance.now() - t0 < SECONDS * 1000) bytes += await get(path);
+  };
+  await Promise.all(Array.from({ length: INFLIGHT }, worker));
+  return bytes / ((performance.now() - t0) / 1000) / 1e9;
+}
+
+async function latency(get: Get, path: (i: number) => string): Promise<[number, number]> {
+  const lat: number[] = [];
+  const t0 = performance.now();
+  for (let i = 0; performance.now() - t0 < SECONDS * 1000 && i < 5000; i++) {
+    const t = performance.now();
+    await get(path(i % 200));
+    lat.push(performance.now() - t);
+  }
+  lat.sort((a, b) => a - b);
+  return [lat[Math.floor(lat.length / 2)], lat[Math.floor(lat.length * 0.99)]];
+}
+
+const ws = await makeWorkspace();
+try {
+  await ws.put("b1m.bin", new Uint8Array(2 ** 20).fill(3));
+  await ws.put("b8m.bin", new Uint8Array(8 * 2 ** 20).fill(4));
+  const { idx, bin } = syntheticDataset(4000, 500, 6000, 3);
+  await ws.put("tok/d.idx", idx);
+  await ws.put("tok/d.bin", bin);
+  await writeFile(`${ws.dir}/d.json`, JSON.stringify({ sources: [{ prefix: "data/tok/d" }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 3000 }));
+  const memcpy1 = memcpyGBs(2 ** 20);
+  const memcpy8 = memcpyGBs(8 * 2 ** 20);
+  console.log(`memcpy (one thread, this process): 1 MiB ${memcpy1.toFixed(2)} GB/s, 8 MiB ${memcpy8.toFixed(2)} GB/s`);
+  console.log(`\n| server | transport | 1 MiB GB/s | vs memcpy | 8 MiB GB/s | vs memcpy | batch 8×4097 u16 p50 ms | p99 ms |`);
+  console.log(`|---|---|---|---|---|---|---|---|`);
+  for (const [name, cmd, pre] of [
+    ["deno", DENO, ["run", "-A", `${ROOT}src/main.ts`]],
+    ["node", NODE, [...NODE_TS, `${ROOT}src/main.node.ts`]],
+  ] as const) {
+    const server = await startChild(cmd, [...pre, "serve", "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`,
+      "--cache-dir", `${ws.dir}/c-${name}`, "--dataset", `d=${ws.dir}/d.json`, "--read-ahead-seconds", "0"]);
+    try {
+      const batchPath = (i: number) => `/v1/datasets/d/batches/${i}?rank=0&world=1&micro_batch=8`;
+      for (const [tname, make] of [["HTTP/1.1", h1Getter], ["HTTP/2 (h2c)", h2Getter]] as const) {
+        const c = make(server.url);
+        try {
+          // Warm: every body and batch in the memory tier before measuring.
+          await c.get("/v1/objects/data/b1m.bin");
+          await c.get("/v1/objects/data/b8m.bin");
+          for (let i = 0; i < 200; i++) await c.get(batchPath(i));
+          const g1 = await throughput(c.get, "/v1/objects/data/b1m.bin");
+          const g8 = await throughput(c.get, "/v1/objects/data/b8m.bin");
+          const [p50, p99] = await latency(c.get, batchPath);
+          console.log(`| ${name} | ${tname} | ${g1.toFixed(2)} | ${(g1 / memcpy1).toFixed(2)}× | ${g8.toFixed(2)} | ${(g8 / memcpy8).toFixed(2)}× | ${p50.toFixed(2)} | ${p99.toFixed(2)} |`);
+        } finally {
+          c.close();
+        }
+      }
+    } catch (e) {
+      console.error(`${name} server output:\n${server.output().slice(-3000)}`);
+      throw e;
+    } finally {
+      await server.stop();
+    }
+  }
+} finally {
+  await ws.remove();
+}
