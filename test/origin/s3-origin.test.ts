@@ -5,7 +5,7 @@
 import type { S3Client } from "@aws-sdk/client-s3";
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { S3Origin } from "../../src/origin/s3-origin.ts";
 import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { put, s3Client, s3ConfigFile, s3Server, uniquePrefix } from "../helpers/s3.ts";
@@ -33,12 +33,22 @@ async function getRange(url: string, key: string, start: number, end: number): P
   return { status: res.status, bytes, etag: res.headers.get("etag") };
 }
 
+// A server that cannot start fails every test here (never skips them), with the reason.
+let setupError: unknown;
 beforeAll(async () => {
-  s3 = s3Server();
-  client = s3Client(s3);
-  prefix = uniquePrefix("objects");
-  ws = await makeWorkspace();
-  rf = await startS3Server(["--metadata-ttl", "0"]);
+  try {
+    s3 = s3Server();
+    client = s3Client(s3);
+    prefix = uniquePrefix("objects");
+    ws = await makeWorkspace();
+    rf = await startS3Server(["--metadata-ttl", "0"]);
+  } catch (e) {
+    setupError = e;
+  }
+});
+
+beforeEach(() => {
+  if (setupError) throw setupError;
 });
 
 afterAll(async () => {
