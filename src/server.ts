@@ -106,6 +106,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     maxDatasets: MAX_DATASETS,
     maxIndexBytes: config.maxIndexBytes,
     now: env.now,
+    recheckMs: Math.max(config.metadataTtl, 1000),
   });
   const readAhead = new ReadAhead({
     cache,

@@ -43,6 +43,9 @@ export interface AssembledBatch {
 
 const BLOCK_KEY = 2 ** 32;
 
+/** The planning scratch shared by all calls of `planSamples`. */
+let scratch = new Float64Array(PIECE_STRIDE * 4096);
+
 /**
  * Plans the pieces of samples `[first, first + count)` and the blocks they need.
  *
@@ -55,29 +58,30 @@ export function planSamples(reg: RegisteredDataset, first: number, count: number
       `Samples ${first}-${first + count - 1} of dataset "${reg.name}" do not exist: it has samples 0-${ds.numSamples - 1}`,
     );
   }
-  // Pieces per sample vary (one per document touched); grow the plan by doubling, never per sample.
-  let pieces = new Float64Array(PIECE_STRIDE * Math.max(4, count * 4));
+  // Plan into one scratch array reused by every call (planning is synchronous, so no other
+  // plan can interleave); it grows by doubling and is never shrunk. Only the used part is copied out.
+  const room = PIECE_STRIDE * ds.maxPiecesPerSample;
   let at = 0;
   const blocks = new Set<number>();
   for (let i = first; i < first + count; i++) {
-    const room = PIECE_STRIDE * ds.maxPiecesPerSample;
-    if (pieces.length - at < room) {
-      const bigger = new Float64Array(Math.max(pieces.length * 2, at + room));
-      bigger.set(pieces.subarray(0, at));
-      pieces = bigger;
+    if (scratch.length - at < room) {
+      const bigger = new Float64Array(Math.max(scratch.length * 2, at + room));
+      bigger.set(scratch.subarray(0, at));
+      scratch = bigger;
     }
-    const n = ds.planSample(i, pieces, at);
+    const n = ds.planSample(i, scratch, at);
     for (let p = 0; p < n; p++) {
       const k = at + PIECE_STRIDE * p;
-      const source = pieces[k];
-      const start = pieces[k + 1];
-      const end = start + pieces[k + 2] * ds.sources[source].index.itemSize;
+      const source = scratch[k];
+      const start = scratch[k + 1];
+      const end = start + scratch[k + 2] * ds.sources[source].index.itemSize;
       for (let b = Math.floor(start / blockBytes); b <= Math.floor((end - 1) / blockBytes); b++) {
         blocks.add(source * BLOCK_KEY + b);
       }
     }
     at += PIECE_STRIDE * n;
   }
+  const pieces = scratch.slice(0, at);
   return { pieces, pieceCount: at / PIECE_STRIDE, blocks: [...blocks] };
 }
 

@@ -47,6 +47,8 @@ export interface DatasetCatalogOptions {
   /** Largest `.idx` accepted, in bytes (it is held in memory). */
   readonly maxIndexBytes: number;
   readonly now: () => number;
+  /** How often (ms) a dataset's files are checked for a new version, off the request path. */
+  readonly recheckMs: number;
 }
 
 const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
@@ -64,8 +66,9 @@ const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
 export class DatasetCatalog {
   readonly #opts: DatasetCatalogOptions;
   readonly #datasets = new Map<string, RegisteredDataset>();
-  /** Rebuilds in flight, so concurrent requests after a change build once. */
-  readonly #rebuilds = new Map<string, Promise<RegisteredDataset>>();
+  /** Version checks in flight (one per dataset), and when each dataset was last checked. */
+  readonly #checks = new Map<string, Promise<void>>();
+  readonly #checkedAt = new Map<string, number>();
 
   /** @param opts origins, cache and bounds */
   constructor(opts: DatasetCatalogOptions) {
@@ -102,37 +105,48 @@ export class DatasetCatalog {
     const config = parseDatasetConfig(body);
     const built = await this.#build(name, config);
     this.#datasets.set(name, built);
+    this.#checkedAt.set(name, this.#opts.now());
     return built;
   }
 
   /**
-   * The dataset `name`, rebuilt first if one of its files changed since it was built.
+   * The dataset `name`. Its files are checked for a new version at most every `recheckMs`, in
+   * the background: a batch never waits for a stat behind the origin's queue. Until a rebuilt
+   * dataset replaces it, the old version is served; its block reads name the old version, so an
+   * origin that has changed fails them loudly (never mixes versions).
    *
    * @throws {CacheServerError} `NOT_FOUND` for an unknown name
    */
-  async get(name: string): Promise<RegisteredDataset> {
+  get(name: string): Promise<RegisteredDataset> {
     const ds = this.#datasets.get(name);
     if (!ds) {
-      throw new CacheServerError(
-        "NOT_FOUND",
-        `Unknown dataset "${name}"; registered: ${this.names().join(", ") || "(none)"}`,
+      return Promise.reject(
+        new CacheServerError("NOT_FOUND", `Unknown dataset "${name}"; registered: ${this.names().join(", ") || "(none)"}`),
       );
     }
+    const now = this.#opts.now();
+    if (!this.#checks.has(name) && now - (this.#checkedAt.get(name) ?? 0) >= this.#opts.recheckMs) {
+      this.#checkedAt.set(name, now);
+      const check = this.#recheck(name, ds).catch(() => {}).finally(() => this.#checks.delete(name));
+      this.#checks.set(name, check);
+    }
+    return Promise.resolve(ds);
+  }
+
+  /** Waits for version checks in flight (tests, shutdown). */
+  async settled(): Promise<void> {
+    await Promise.all([...this.#checks.values()]);
+  }
+
+  async #recheck(name: string, ds: RegisteredDataset): Promise<void> {
     let changed = false;
     for (const f of ds.files) {
       const [bin, idx] = await Promise.all([f.gw.stat(f.binKey), f.gw.stat(f.idxKey)]);
       if (bin.version !== f.bin.version || idx.version !== f.idx.version) changed = true;
     }
-    if (!changed) return ds;
-    let pending = this.#rebuilds.get(name);
-    if (!pending) {
-      pending = this.#build(name, ds.config).then((next) => {
-        if (this.#datasets.get(name) === ds) this.#datasets.set(name, next);
-        return next;
-      }).finally(() => this.#rebuilds.delete(name));
-      this.#rebuilds.set(name, pending);
-    }
-    return await pending;
+    if (!changed) return;
+    const next = await this.#build(name, ds.config);
+    if (this.#datasets.get(name) === ds) this.#datasets.set(name, next);
   }
 
   async #build(name: string, config: DatasetConfig): Promise<RegisteredDataset> {
@@ -143,6 +157,20 @@ export class DatasetCatalog {
       return parseIndex(bytes, { path: `${f.gw.name}/${f.idxKey}`, binSize: f.bin.size });
     }));
     const dataset = buildTokenDataset(config, indexes, { binSizes: files.map((f) => f.bin.size) });
+    // Files replaced while we read them would pair an index with the wrong tokens: check that
+    // both versions held for the whole build (the stat cache may answer; the block reads that
+    // follow re-check the .bin version on every read anyway).
+    for (const f of files) {
+      f.gw.invalidate(f.binKey);
+      f.gw.invalidate(f.idxKey);
+      const [bin, idx] = await Promise.all([f.gw.stat(f.binKey), f.gw.stat(f.idxKey)]);
+      if (bin.version !== f.bin.version || idx.version !== f.idx.version) {
+        throw new CacheServerError(
+          "OBJECT_CHANGED",
+          `Dataset "${name}": ${f.gw.name}/${f.idxKey} or its .bin changed while the index was built; retry`,
+        );
+      }
+    }
     return Object.freeze({ name, config, dataset, files, buildSeconds: (this.#opts.now() - t0) / 1000 });
   }
 

@@ -53,6 +53,10 @@ interface Consumer {
   stepSeconds: number;
   /** Highest step whose blocks have been warmed. */
   warmedThrough: number;
+  /** Steps after `step` that are scheduled: the block keys each needs, when, and their bytes. */
+  scheduled: Map<number, { keys: string[]; due: number; bytes: number }>;
+  /** Sum of `scheduled` bytes: the consumer's outstanding window. */
+  windowBytes: number;
 }
 
 /** A scheduled use this far in the past no longer protects its block. */
@@ -115,20 +119,26 @@ export class ReadAhead {
     let c = this.#consumers.get(id);
     if (c) {
       this.#consumers.delete(id);
-      if (c.reg !== reg) c.warmedThrough = step; // the dataset was rebuilt: plans changed
       if (step === c.step + 1) {
         const dt = (now - c.lastAt) / 1000;
         c.stepSeconds = c.stepSeconds === 0 ? dt : 0.8 * c.stepSeconds + 0.2 * dt;
-      } else if (step < c.step || step > c.warmedThrough) {
-        c.warmedThrough = step; // a jump (resume, restart): the old look-ahead is useless
+      }
+      if (c.reg !== reg || step < c.step || step > c.warmedThrough) {
+        // A rebuilt dataset or a jump (resume, restart): the old look-ahead is useless.
+        this.#release(c, Infinity);
+        c.warmedThrough = step;
+      } else {
+        this.#release(c, step); // steps served: their blocks are no longer protected for this consumer
       }
       c.reg = reg;
       c.step = step;
       c.lastAt = now;
     } else {
-      c = { key: consumer, reg, step, lastAt: now, stepSeconds: 0, warmedThrough: step };
+      c = { key: consumer, reg, step, lastAt: now, stepSeconds: 0, warmedThrough: step, scheduled: new Map(), windowBytes: 0 };
       if (this.#consumers.size >= this.#opts.maxConsumers) {
-        this.#consumers.delete(this.#consumers.keys().next().value!);
+        const oldest = this.#consumers.keys().next().value!;
+        this.#release(this.#consumers.get(oldest)!, Infinity);
+        this.#consumers.delete(oldest);
       }
     }
     this.#consumers.set(id, c);
@@ -147,24 +157,54 @@ export class ReadAhead {
     // Until the step time is known, order future steps 1 ms apart: only their order matters.
     const stepMs = c.stepSeconds > 0 ? c.stepSeconds * 1000 : 1;
     this.#pruneNextUse(now);
-    let bytes = 0;
-    for (let s = c.warmedThrough + 1; s <= target; s++) {
+    // The window (steps scheduled and not yet served) stays within the byte cap, so look-ahead
+    // never evicts its own blocks from the memory tier.
+    for (let s = c.warmedThrough + 1; s <= target && c.windowBytes < maxBytesPerConsumer; s++) {
       const first = stepSamples(s, c.key.rank, c.key.world, c.key.microBatch);
       const plan = planSamples(c.reg, first, c.key.microBatch, blockBytes);
       const due = now + (s - c.step) * stepMs;
+      const keys: string[] = [];
       for (const packed of plan.blocks) {
         const { source, index } = unpackBlock(packed);
         const f = c.reg.files[source];
         const k = cache.blockKey(f.gw.name, f.binKey, f.bin.version, index);
+        keys.push(k);
         const known = this.#nextUse.get(k);
         if (known === undefined || known < now || due < known) this.#nextUse.set(k, due);
-        if (cache.warm(f.gw, f.binKey, f.bin, index)) {
-          this.#blocksWarmed++;
-          bytes += blockBytes;
-        }
+        if (cache.warm(f.gw, f.binKey, f.bin, index)) this.#blocksWarmed++;
       }
+      const bytes = keys.length * blockBytes;
+      c.scheduled.set(s, { keys, due, bytes });
+      c.windowBytes += bytes;
       c.warmedThrough = s;
-      if (bytes >= maxBytesPerConsumer) break;
+    }
+  }
+
+  /**
+   * Forgets the consumer's scheduled steps up to `through`: their blocks lose the protection
+   * this consumer gave them (another consumer's later use, if any, keeps its own entry).
+   */
+  #release(c: Consumer, through: number): void {
+    const released: { keys: string[]; due: number }[] = [];
+    for (const [s, entry] of c.scheduled) {
+      if (s > through) continue;
+      released.push(entry);
+      c.windowBytes -= entry.bytes;
+      c.scheduled.delete(s);
+    }
+    if (released.length === 0) return;
+    // A block shared with a later scheduled step of this consumer stays protected until then.
+    const later = new Map<string, number>();
+    for (const entry of c.scheduled.values()) {
+      for (const k of entry.keys) if (!(later.get(k)! <= entry.due)) later.set(k, entry.due);
+    }
+    for (const entry of released) {
+      for (const k of entry.keys) {
+        if (this.#nextUse.get(k) !== entry.due) continue; // another consumer's (earlier) use
+        const next = later.get(k);
+        if (next === undefined) this.#nextUse.delete(k);
+        else this.#nextUse.set(k, next);
+      }
     }
   }
 
