@@ -35,6 +35,8 @@ export interface AppDeps {
   readonly batchStats: BatchStats;
   /** The dashboard's JSON snapshot. */
   readonly status: () => Promise<ServerStatus> | ServerStatus;
+  /** Where the shm control socket is, once it listens; undefined when the shm path is off. */
+  readonly shm?: () => { socket: string; instance: string; protocol: number } | undefined;
   /** Token for read routes; undefined leaves them open. */
   readonly readToken: string | undefined;
   /** Token for admin routes; undefined closes them. */
@@ -80,6 +82,15 @@ export function createApp(deps: AppDeps): Hono {
     stats: deps.batchStats,
     wrapBody: deps.wrapBody,
   });
+  app.get(
+    "/v1/shm",
+    routeDoc("datasets", "Where the shared-memory control socket is, for co-located clients (404 when the shm path is off)"),
+    (c) => {
+      const info = deps.shm?.();
+      if (!info) throw new CacheServerError("NOT_FOUND", "The shared-memory path is off on this server (--shm-dir off) or not started");
+      return c.json(info);
+    },
+  );
   prefetchRoutes(app, { jobs: deps.prefetch, adminToken: deps.adminToken });
   telemetryRoutes(app, { metrics: deps.metrics, datasets: () => deps.datasets.names() });
   app.get("/openapi.json", routeDoc("operations", "This OpenAPI description, generated from the route definitions"), openAPIRouteHandler(app, {

@@ -17,6 +17,8 @@ import { FsOrigin } from "./origin/fs-origin.ts";
 import { S3Origin } from "./origin/s3-origin.ts";
 import { OriginGateway } from "./origin/origin-gateway.ts";
 import type { Origin } from "./origin/origin.ts";
+import type { MapFile } from "./shm/ring-file.ts";
+import { ShmServer } from "./shm/shm-server.ts";
 
 /** A built server: the app to serve and how to shut it down. */
 export interface RackfeedServer {
@@ -29,6 +31,13 @@ export interface RackfeedServer {
   readonly datasets: DatasetCatalog;
   readonly prefetch: PrefetchJobs;
   readonly batchStats: BatchStats;
+  /**
+   * Opens the shared-memory control socket (after HTTP is listening, since its default name holds
+   * the port). Resolves to undefined when `--shm-dir off`.
+   *
+   * @throws {ShmStartupError} when the socket path is too long, held by a live server, or the directory is unusable
+   */
+  startShm(port: number): Promise<ShmServer | undefined>;
   /** Waits for fills and disk writes in flight, then closes origins. */
   close(): Promise<void>;
 }
@@ -45,6 +54,12 @@ export interface ServerEnv {
    * writes a `Uint8Array` directly and leaves this unset.
    */
   readonly wrapBody?: (bytes: Uint8Array) => BodyInit;
+  /** This process's id: ring file names carry it, so a later server can tell dead servers' rings. */
+  readonly pid?: number;
+  /** Whether a process id is running (rings of dead servers are removed at start-up). */
+  readonly isAlive?: (pid: number) => boolean;
+  /** Maps a file shared and writable; without it the shm path writes rings with pwrite (one more copy). */
+  readonly mapFile?: MapFile;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
   readonly makeOrigin?: (spec: Config["origins"][number]) => Origin;
 }
@@ -137,7 +152,10 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     clock: () => Date.now(),
     log: (line) => env.log(line),
   });
+  let shm: ShmServer | undefined;
+  const instance = crypto.randomUUID().slice(0, 8);
   const sources: MetricSources = {
+    shm: () => shm?.stats(),
     batches: () => batchStats,
     lookahead: () => readAhead.lookahead(),
     readAheadBlocks: () => readAhead.blocksWarmed,
@@ -168,6 +186,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     prefetch,
     batchStats,
     status,
+    shm: () => (shm ? { socket: socketPath!, instance, protocol: 1 } : undefined),
     wrapBody: env.wrapBody ?? ((b: Uint8Array) => b as Uint8Array<ArrayBuffer>),
     readToken: config.readToken,
     adminToken: config.adminToken,
@@ -175,6 +194,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     now: env.now,
     log: env.log,
   });
+  let socketPath: string | undefined;
   return {
     app,
     fetch: app.fetch,
@@ -184,12 +204,55 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     datasets,
     prefetch,
     batchStats,
+    async startShm(port) {
+      if (config.shmDir === undefined || shm) return shm;
+      socketPath = config.shmSocket ?? `${config.shmDir}/rackfeed-${port}.sock`;
+      // sockaddr_un holds 108 bytes with its terminating NUL.
+      if (new TextEncoder().encode(socketPath).length > 107) {
+        throw new ShmStartupError(`Shared-memory socket path ${socketPath} is longer than 107 bytes; pass a shorter --shm-socket`);
+      }
+      try {
+        shm = await ShmServer.start({
+          socketPath,
+          dir: config.shmDir,
+          catalog: datasets,
+          cache,
+          readAhead,
+          served,
+          stats: batchStats,
+          onBatch: (s, c) => metrics!.batchSeconds.observe({ cache: c }, s),
+          maxBatchBytes: config.maxBatchBytes,
+          slots: config.shmSlots,
+          maxSlots: 64,
+          budgetBytes: config.shmBytes,
+          readToken: config.readToken,
+          instance,
+          pid: env.pid ?? 0,
+          isAlive: env.isAlive ?? (() => true),
+          mapFile: env.mapFile,
+          now: env.now,
+          log: env.log,
+        });
+      } catch (e) {
+        throw new ShmStartupError(`Cannot start the shared-memory path on ${socketPath}: ${(e as Error).message}`, { cause: e });
+      }
+      return shm;
+    },
     async close() {
+      await shm?.close();
       prefetch.close();
       await cache.close();
       await Promise.all([...origins.values()].map((o) => o.origin.close()));
     },
   };
+}
+
+/** The shm path could not start; the CLI exits 2 with its message (e.g. pass `--shm-dir off`). */
+export class ShmStartupError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "ShmStartupError";
+  }
 }
 
 /** Most datasets registered at once. */

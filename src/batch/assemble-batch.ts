@@ -99,6 +99,8 @@ export function unpackBlock(packed: number): { source: number; index: number } {
  * @param first first sample
  * @param count number of samples
  * @param maxBytes the largest body allowed
+ * @param now clock in ms
+ * @param into where to assemble (a shared-memory slot); a new buffer when unset
  * @returns the body (`count × windowLength` tokens, little-endian) and what it cost
  * @throws {CacheServerError} `BAD_REQUEST` when the body would exceed `maxBytes`
  * @throws {RangeNotSatisfiableError} when a sample does not exist
@@ -110,6 +112,7 @@ export async function assembleSamples(
   count: number,
   maxBytes: number,
   now: () => number = () => performance.now(),
+  into?: Uint8Array,
 ): Promise<AssembledBatch> {
   const t0 = now();
   const ds = reg.dataset;
@@ -142,8 +145,9 @@ export async function assembleSamples(
   }));
   const t2 = now();
 
-  const body = new Uint8Array(bytes);
-  const view = new DataView(body.buffer);
+  if (into && into.length < bytes) throw new RangeError(`A slot of ${into.length} bytes cannot hold a batch of ${bytes}`);
+  const body = into ? into.subarray(0, bytes) : new Uint8Array(bytes);
+  const view = new DataView(body.buffer, body.byteOffset, body.byteLength);
   let dst = 0; // bytes written
   const { pieces, pieceCount } = plan;
   for (let p = 0; p < pieceCount; p++) {

@@ -23,6 +23,11 @@ export interface CliHost {
   readonly runtime: string;
   /** See `ServerEnv.wrapBody`: how this runtime sends one view of cached bytes without a copy. */
   readonly wrapBody?: (bytes: Uint8Array) => BodyInit;
+  /** This process's id, and whether another one runs (shm rings of dead servers are removed). */
+  readonly pid?: number;
+  readonly isAlive?: (pid: number) => boolean;
+  /** Maps a file shared and writable (Deno FFI); Node has none and writes rings with pwrite. */
+  readonly mapFile?: (path: string, bytes: number) => { readonly bytes: Uint8Array; unmap(): void };
   /** Where `prefetch --watch` draws its progress bar (stderr when it is a terminal). */
   readonly progressStream?: NodeJS.WritableStream;
 }
@@ -91,7 +96,14 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   const log = (m: string, err?: unknown) => host.printError(err === undefined ? m : `${m}: ${describe(err)}`);
   let server;
   try {
-    server = await createServer(config, { now: host.now, log, wrapBody: host.wrapBody });
+    server = await createServer(config, {
+      now: host.now,
+      log,
+      wrapBody: host.wrapBody,
+      pid: host.pid,
+      isAlive: host.isAlive,
+      mapFile: host.mapFile,
+    });
   } catch (e) {
     if (e instanceof DatasetStartupError) {
       host.printError(`rackfeed: ${e.message}`);
@@ -107,7 +119,17 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
     await server.close();
     return 1;
   }
+  let shm;
+  try {
+    shm = await server.startShm(Number(new URL(listener.url).port));
+  } catch (e) {
+    host.printError(`rackfeed: ${describe(e)}; or pass --shm-dir off`);
+    await listener.close();
+    await server.close();
+    return 2;
+  }
   host.print(`rackfeed (${host.runtime}) listening on ${listener.url}`);
+  if (shm) host.print(`Shared memory: control socket ${shm.socketPath}, rings in ${config.shmDir} (${host.mapFile ? "mapped" : "pwrite"})`);
   if (demo) {
     const u = listener.url;
     host.print(`Demo dataset: origin "demo" -> ${config.origins[0].kind === "fs" ? config.origins[0].root : ""}`);

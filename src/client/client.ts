@@ -2,13 +2,26 @@
  * @module The TypeScript SDK: objects and dataset batches from a rackfeed server, with
  * prefetching, retries, resume from any step, and the golden metrics of a data pipeline (t_wait
  * measured here, t_h2d and t_compute given by the caller) reported back to the server. Web
- * standards only (`fetch`, typed arrays), so it runs on Deno, Node, edge runtimes and browsers.
+ * standards only (`fetch`, typed arrays), so it runs on Deno, Node, edge runtimes and browsers;
+ * given a `LocalTransport` (`client/deno.ts`, `client/node.ts`) it takes the shared-memory path
+ * to a co-located server by itself.
  */
+
+import { type LocalTransport, ShmError, shmBatches, shmInstance, type SlotBatch } from "./shm-consumer.ts";
 
 /** Options of `RackfeedClient`. */
 export interface RackfeedClientOptions {
-  /** The server, e.g. `http://10.0.0.5:8080`. */
-  readonly url: string;
+  /** The server, e.g. `http://10.0.0.5:8080`. Optional only with `socket` (then only `batches()` works). */
+  readonly url?: string;
+  /** The server's shm control socket, e.g. `/dev/shm/rackfeed-8080.sock`; unset: asked from `GET /v1/shm`. */
+  readonly socket?: string;
+  /**
+   * Unix socket and ring access for the shared-memory path (`localTransport()` of `client/deno.ts`
+   * or `client/node.ts`). With it, `batches()` uses shm when the server is on this host, else HTTP.
+   */
+  readonly local?: LocalTransport;
+  /** Set false to never use the shm path even with `local`. */
+  readonly shm?: boolean;
   /** Bearer token for reads (`--read-token`). */
   readonly token?: string;
   /** The `fetch` to use; on Node pass `http2Fetch()` from `client/node.ts` for HTTP/2. */
@@ -37,11 +50,17 @@ export interface TokenBatch {
   readonly cache: string;
 }
 
-/** A batch from `batches()`, with its step and how long the caller waited for it. */
+/**
+ * A batch from `batches()`, with its step and how long the caller waited for it. Over shm its
+ * tokens view the ring slot itself and are valid until the next iteration (copy with
+ * `tokens.slice()` to keep them).
+ */
 export interface StepBatch extends TokenBatch {
   readonly step: number;
   /** Seconds `next()` blocked before this batch was there (t_wait). */
   readonly waitSeconds: number;
+  /** How it came: `shm` or `http`. */
+  readonly transport: "shm" | "http";
 }
 
 /** One step's timings, as reported to `POST /v1/telemetry`. */
@@ -91,7 +110,12 @@ const TRANSIENT = new Set([429, 502, 503, 504]);
  * ```
  */
 export class RackfeedClient {
-  readonly #url: string;
+  readonly #url: string | undefined;
+  readonly #socket: string | undefined;
+  readonly #local: LocalTransport | undefined;
+  readonly #token: string | undefined;
+  /** Where the shm path leads, once asked (null: not co-located or off). */
+  #shmRoute: { socket: string; instance: string | undefined } | null | undefined;
   readonly #fetch: typeof fetch;
   readonly #headers: Record<string, string>;
   readonly #retries: number;
@@ -107,13 +131,22 @@ export class RackfeedClient {
 
   /** @param opts server URL, token, transport and retry policy */
   constructor(opts: RackfeedClientOptions) {
-    let url: URL;
-    try {
-      url = new URL(opts.url);
-    } catch {
-      throw new RangeError(`Invalid rackfeed url "${opts.url}": expected e.g. http://127.0.0.1:8080`);
+    if (opts.url === undefined) {
+      if (opts.socket === undefined || opts.local === undefined) {
+        throw new RangeError("RackfeedClient needs a url, or a socket path with a local transport");
+      }
+    } else {
+      let url: URL;
+      try {
+        url = new URL(opts.url);
+      } catch {
+        throw new RangeError(`Invalid rackfeed url "${opts.url}": expected e.g. http://127.0.0.1:8080`);
+      }
+      this.#url = url.href.replace(/\/+$/, "");
     }
-    this.#url = url.href.replace(/\/+$/, "");
+    this.#socket = opts.socket;
+    this.#local = opts.shm === false ? undefined : opts.local;
+    this.#token = opts.token;
     this.#fetch = opts.fetch ?? globalThis.fetch.bind(globalThis);
     this.#headers = opts.token ? { authorization: `Bearer ${opts.token}` } : {};
     this.#retries = opts.retries ?? 8;
@@ -173,7 +206,7 @@ export class RackfeedClient {
   ): AsyncGenerator<StepBatch, void, undefined> {
     const depth = Math.max(1, c.prefetch ?? 2);
     let end = c.endStep;
-    if (end === undefined) {
+    if (end === undefined && this.#url !== undefined) {
       const d = await this.describe(dataset);
       end = Math.floor(Number(d.numSamples) / (c.world * c.microBatch));
     }
@@ -181,8 +214,52 @@ export class RackfeedClient {
     const id = JSON.stringify(consumer);
     if (!this.#pending.has(id)) this.#pending.set(id, { body: consumer, steps: new Map() });
     this.#lastConsumer = id;
+    let step = c.startStep ?? 0;
+    for (let attempt = 0; end === undefined || step < end;) {
+      const route = await this.#shmRouteNow();
+      if (!route) break;
+      // The shm path: the server fills `depth` slots ahead, plus the one the caller holds.
+      const it = shmBatches(this.#local!, route.socket, route.instance, this.#token, {
+        dataset,
+        rank: c.rank,
+        world: c.world,
+        microBatch: c.microBatch,
+        startStep: step,
+        endStep: end,
+        slots: depth + 1,
+      });
+      try {
+        for (;;) {
+          const t0 = this.#now();
+          const r = await it.next();
+          if (r.done) {
+            await this.flush();
+            return;
+          }
+          const waitSeconds = (this.#now() - t0) / 1000;
+          this.#record(id, { step: r.value.step, t_wait: waitSeconds });
+          attempt = 0;
+          step = r.value.step + 1;
+          yield { ...slotTokens(r.value), step: r.value.step, waitSeconds, transport: "shm" };
+        }
+      } catch (e) {
+        if (!(e instanceof ShmError)) throw e;
+        if (e.status === 503 || e.code === "NOT_COLOCATED") {
+          this.#shmRoute = null; // no room for a ring (or another server): HTTP from here on
+          continue;
+        }
+        if (e.status !== 0 && !TRANSIENT.has(e.status)) throw new RackfeedError(e.status, e.code, e.message);
+        if (attempt >= this.#retries) throw new RackfeedError(e.status, "UNAVAILABLE", `Shared-memory path failed after ${attempt + 1} attempts: ${e.message}`);
+        this.#shmRoute = undefined; // a restarted server has a new instance (and maybe socket)
+        this.#retried++;
+        await this.#sleep(Math.random() * Math.min(this.#maxBackoff, this.#backoff * 2 ** attempt++));
+      } finally {
+        await it.return();
+      }
+    }
+    if (end === undefined) throw new RangeError("batches() over a socket alone needs the shm path; give a url too");
     const inFlight = new Map<number, Promise<TokenBatch>>();
-    let next = c.startStep ?? 0;
+    let next = step;
     const fill = (upTo: number) => {
       for (; next < Math.min(end!, upTo); next++) {
         const p = this.batch(dataset, next, c);
@@ -190,16 +267,43 @@ export class RackfeedClient {
         inFlight.set(next, p);
       }
     };
-    for (let step = c.startStep ?? 0; step < end; step++) {
+    for (; step < end; step++) {
       fill(step + depth);
       const t0 = this.#now();
       const b = await inFlight.get(step)!;
       inFlight.delete(step);
       const waitSeconds = (this.#now() - t0) / 1000;
       this.#record(id, { step, t_wait: waitSeconds });
-      yield { ...b, step, waitSeconds };
+      yield { ...b, step, waitSeconds, transport: "http" };
     }
     await this.flush();
+  }
+
+  /** The transport `batches()` would take now: `shm` when a co-located server's socket answers, else `http`. */
+  async transport(): Promise<"shm" | "http"> {
+    return (await this.#shmRouteNow()) ? "shm" : "http";
+  }
+
+  /** Finds the shm socket (asking `GET /v1/shm` unless given) and checks it leads to the same server. */
+  async #shmRouteNow(): Promise<{ socket: string; instance: string | undefined } | null> {
+    if (this.#shmRoute !== undefined) return this.#shmRoute;
+    if (!this.#local) return (this.#shmRoute = null);
+    if (this.#socket !== undefined && this.#url === undefined) return (this.#shmRoute = { socket: this.#socket, instance: undefined });
+    let info: { socket: string; instance: string };
+    try {
+      info = await (await this.#get("/v1/shm")).json();
+    } catch (e) {
+      if (e instanceof RackfeedError && e.status === 404) return (this.#shmRoute = null); // shm off
+      throw e;
+    }
+    const socket = this.#socket ?? info.socket;
+    try {
+      // The same path on this host may be another server's, or none: only the same instance counts.
+      const instance = await shmInstance(this.#local, socket, this.#token);
+      return (this.#shmRoute = instance === info.instance ? { socket, instance } : null);
+    } catch {
+      return (this.#shmRoute = null);
+    }
   }
 
   /**
@@ -217,6 +321,7 @@ export class RackfeedClient {
 
   /** Sends the queued timings now. */
   async flush(): Promise<void> {
+    if (this.#url === undefined) return; // a socket-only client has nowhere to report
     for (const p of this.#pending.values()) {
       if (p.steps.size === 0) continue;
       const steps = [...p.steps.values()].map((s) => (Number.isNaN(s.t_wait) ? { ...s, t_wait: undefined } : s));
@@ -259,10 +364,12 @@ export class RackfeedClient {
   }
 
   #get(path: string, headers: Record<string, string> = {}): Promise<Response> {
+    if (this.#url === undefined) throw new RangeError(`${path} needs HTTP: this client was made with a socket path only`);
     return this.#request(path, { headers: { ...this.#headers, ...headers } });
   }
 
   async #request(path: string, init: RequestInit): Promise<Response> {
+    if (this.#url === undefined) throw new RangeError(`${path} needs HTTP: this client was made with a socket path only`);
     for (let attempt = 0;; attempt++) {
       let res: Response | undefined;
       let failure: unknown;
@@ -287,4 +394,18 @@ export class RackfeedClient {
       await this.#sleep(Number.isFinite(retryAfter) && retryAfter > 0 ? Math.min(retryAfter * 1000, this.#maxBackoff) : Math.random() * cap);
     }
   }
+}
+
+function slotTokens(b: SlotBatch): TokenBatch {
+  const Typed = TYPED[b.dtype];
+  if (!Typed) throw new RackfeedError(0, "BAD_RESPONSE", `Unknown dtype "${b.dtype}" from the shm path`);
+  const T = Typed as unknown as new (buf: ArrayBufferLike, offset: number, length: number) => TokenBatch["tokens"];
+  const item = b.dtype === "int64" || b.dtype === "float64" ? 8 : b.dtype.endsWith("32") ? 4 : b.dtype.endsWith("16") ? 2 : 1;
+  return {
+    tokens: new T(b.bytes.buffer, b.bytes.byteOffset, b.bytes.length / item),
+    dtype: b.dtype,
+    shape: b.shape,
+    firstSample: b.firstSample,
+    cache: b.cache,
+  };
 }

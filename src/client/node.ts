@@ -1,9 +1,13 @@
 /**
- * @module Node-only transport for the SDK: a `fetch` over undici with HTTP/2 enabled (ALPN `h2`
- * on HTTPS; undici does not speak h2c). Kept out of `client.ts` so the SDK itself stays web-standard.
+ * @module Node transports for the SDK: a `fetch` over undici with HTTP/2 enabled (ALPN `h2`
+ * on HTTPS; undici does not speak h2c), and the shm path's socket and ring reads. Kept out of
+ * `client.ts` so the SDK itself stays web-standard.
  */
 
+import * as fs from "node:fs";
+import * as net from "node:net";
 import { Agent, fetch as undiciFetch } from "undici";
+import type { LocalSocket, LocalTransport, RingReader } from "./shm-consumer.ts";
 
 /**
  * A `fetch` that negotiates HTTP/2 with HTTPS servers (many streams over one connection).
@@ -19,4 +23,88 @@ export function http2Fetch(opts: { ca?: string; connections?: number } = {}): ty
   const agent = new Agent({ allowH2: true, connections: opts.connections ?? 4, connect: opts.ca ? { ca: opts.ca } : {} });
   return ((input: string | URL | Request, init?: RequestInit) =>
     undiciFetch(input as string, { ...(init as object), dispatcher: agent })) as unknown as typeof fetch;
+}
+
+/**
+ * The shm path's socket and ring access on Node: `node:net` for the Unix socket, and positional
+ * reads of the ring file (Node cannot map files, so each batch is copied once into a reused
+ * buffer; Deno's `client/deno.ts` maps the ring and copies nothing).
+ *
+ * @example
+ * ```ts
+ * const rf = new RackfeedClient({ url: "http://127.0.0.1:8080", local: localTransport() });
+ * ```
+ */
+export function localTransport(): LocalTransport {
+  return { connect: connectUnix, openRing: readRing };
+}
+
+/** Connects to a Unix socket, returning chunks through `read()` with the socket paused between reads (backpressure). */
+export function connectUnix(path: string): Promise<LocalSocket> {
+  return new Promise((resolve, reject) => {
+    const s = net.connect(path);
+    const chunks: Uint8Array[] = [];
+    let ended = false;
+    let waiter: (() => void) | undefined;
+    s.on("data", (d: Uint8Array) => {
+      chunks.push(d);
+      s.pause();
+      waiter?.();
+    });
+    const finish = () => {
+      ended = true;
+      waiter?.();
+    };
+    s.on("end", finish);
+    s.on("close", finish);
+    s.on("error", (e) => {
+      if (!connected) reject(e);
+      finish();
+    });
+    let connected = false;
+    s.once("connect", () => {
+      connected = true;
+      resolve({
+        async read() {
+          while (chunks.length === 0 && !ended) {
+            s.resume();
+            await new Promise<void>((r) => (waiter = r));
+            waiter = undefined;
+          }
+          return chunks.shift() ?? null;
+        },
+        write(bytes) {
+          if (!s.destroyed) s.write(bytes);
+        },
+        close() {
+          s.destroy();
+        },
+      });
+    });
+  });
+}
+
+function readRing(path: string, bytes: number): RingReader {
+  const fd = fs.openSync(path, "r");
+  const size = fs.fstatSync(fd).size;
+  if (size < bytes) {
+    fs.closeSync(fd);
+    throw new Error(`Ring ${path} has ${size} bytes, expected ${bytes}`);
+  }
+  let open = true;
+  return {
+    mapped: undefined,
+    read(offset, into) {
+      let done = 0;
+      while (done < into.length) {
+        const n = fs.readSync(fd, into, done, into.length - done, offset + done);
+        if (n === 0) throw new Error(`Ring ${path} ended at ${offset + done}`);
+        done += n;
+      }
+    },
+    close() {
+      if (open) fs.closeSync(fd);
+      open = false;
+    },
+  };
 }

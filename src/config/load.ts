@@ -46,6 +46,12 @@ export interface Config {
   readonly maxBatchBytes: number;
   readonly maxIndexBytes: number;
   readonly readToken: string | undefined;
+  /** Absolute directory of the shm rings; undefined when the shm path is off. */
+  readonly shmDir: string | undefined;
+  /** Unix socket path of the shm control channel; undefined: chosen from the port once listening. */
+  readonly shmSocket: string | undefined;
+  readonly shmSlots: number;
+  readonly shmBytes: number;
   readonly adminToken: string | undefined;
   /** PEM certificate and key, read at start-up; undefined serves cleartext. */
   readonly tls: { readonly cert: string; readonly key: string } | undefined;
@@ -228,8 +234,10 @@ export function loadConfig(src: ConfigSources): Config {
   }
 
   return Object.freeze({
-    ...(values as Omit<Config, "listen" | "origins" | "cacheDir" | "datasets" | "tls">),
+    ...(values as Omit<Config, "listen" | "origins" | "cacheDir" | "datasets" | "tls" | "shmDir" | "shmSocket">),
     tls,
+    shmDir: values.shmDir === "off" ? undefined : resolvePath(values.shmDir as string, src.cwd),
+    shmSocket: values.shmSocket === undefined ? undefined : resolvePath(values.shmSocket as string, src.cwd),
     listen: Object.freeze(parseListen(values.listen as string)),
     cacheDir: resolvePath(values.cacheDir as string, src.cwd),
     origins: Object.freeze([...origins.values()]),

@@ -27,6 +27,8 @@ export interface MetricSources {
   readonly readAheadBlocks?: () => number;
   /** Per-dataset traffic and slow batches. */
   readonly batches?: () => BatchStats;
+  /** Shared-memory rings and connections (absent or undefined: the shm path is off). */
+  readonly shm?: () => { readonly rings: number; readonly ringBytes: number; readonly connections: number } | undefined;
 }
 
 type Sample = readonly [labels: Record<string, string>, value: number];
@@ -141,6 +143,10 @@ export class Metrics {
       src.origins().map((o) => [{ origin: o.name }, o.active] as Sample));
     gauge("rackfeed_origin_queued_requests", "Origin requests waiting for a slot", ["origin"], () =>
       src.origins().map((o) => [{ origin: o.name }, o.queued] as Sample));
+    const shm = () => src.shm?.() ?? { rings: 0, ringBytes: 0, connections: 0 };
+    gauge("rackfeed_shm_rings", "Shared-memory rings open (one per co-located consumer)", [], () => [[{}, shm().rings]]);
+    gauge("rackfeed_shm_ring_bytes", "Bytes of all shared-memory ring files", [], () => [[{}, shm().ringBytes]]);
+    gauge("rackfeed_shm_connections", "Connections on the shared-memory control socket", [], () => [[{}, shm().connections]]);
     counter("rackfeed_served_bytes_total", "Body bytes handed to each transport", ["transport"], () =>
       Object.entries(src.served()).map(([transport, v]) => [{ transport }, v] as Sample));
 

@@ -3,6 +3,7 @@
 import nodeProcess from "node:process";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
+import { canMapDeno, mapFileDeno } from "./mmap-deno.ts";
 
 /**
  * Serves `fetch` with `Deno.serve`.
@@ -60,7 +61,20 @@ export function denoHost(): CliHost {
     runtime: `deno ${Deno.version.deno}`,
     progressStream: Deno.stderr.isTerminal() ? nodeProcess.stderr : undefined,
     wrapBody: denoBody,
+    pid: Deno.pid,
+    isAlive,
+    mapFile: canMapDeno() ? (path, bytes) => mapFileDeno(path, bytes, true) : undefined,
   };
+}
+
+/** Whether a process id is running (signal 0 probes without signalling). */
+export function isAlive(pid: number): boolean {
+  try {
+    Deno.kill(pid, 0 as unknown as Deno.Signal);
+    return true;
+  } catch (e) {
+    return !(e instanceof Deno.errors.NotFound) && !String((e as Error).message).includes("ESRCH");
+  }
 }
 
 /**

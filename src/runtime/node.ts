@@ -103,5 +103,17 @@ export function nodeHost(): CliHost {
     },
     runtime: `node ${process.version}`,
     progressStream: process.stderr.isTTY ? process.stderr : undefined,
+    pid: process.pid,
+    isAlive,
   };
+}
+
+/** Whether a process id is running (signal 0 probes without signalling; EPERM means it runs as another user). */
+export function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === "EPERM";
+  }
 }

@@ -69,6 +69,16 @@ export async function startServer(
     ...env,
   });
   const listener: Listener = await listenNode(server.fetch, config.listen, config.tls);
+  // Tests opt in to the shm path by naming its directory (the default /dev/shm is shared).
+  if (args.includes("--shm-dir")) {
+    try {
+      await server.startShm(Number(new URL(listener.url).port));
+    } catch (e) {
+      await listener.close();
+      await server.close();
+      throw e;
+    }
+  }
   return {
     url: listener.url,
     server,

@@ -34,7 +34,8 @@ export const bearerAuth = (
     await next();
   };
 
-function constantTimeEqual(a: string, b: string): boolean {
+/** Compares two tokens in time that depends only on their lengths. */
+export function constantTimeEqual(a: string, b: string): boolean {
   const ea = new TextEncoder().encode(a);
   const eb = new TextEncoder().encode(b);
   let diff = ea.length ^ eb.length;

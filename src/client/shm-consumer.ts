@@ -1,0 +1,195 @@
+/**
+ * @module The SDK's side of the shared-memory fast path (web standards only; the socket and the
+ * file mapping come from a `LocalTransport`: `client/node.ts` or `client/deno.ts`). One
+ * connection per consumer: `hello`, `open`, then `batch` notices for slots the server filled,
+ * each released when the caller moves on.
+ */
+
+import {
+  type ClientMessage,
+  decodeRingHeader,
+  decodeSlotHeader,
+  encodeFrame,
+  FrameDecoder,
+  RING_HEADER_BYTES,
+  SHM_PROTOCOL_VERSION,
+  SLOT_HEADER_BYTES,
+  slotHeaderOffset,
+} from "../shm/protocol.ts";
+
+/** A connected Unix socket, as the SDK needs it. */
+export interface LocalSocket {
+  /** The next chunk, or null once the peer closed. */
+  read(): Promise<Uint8Array | null>;
+  write(bytes: Uint8Array): void;
+  close(): void;
+}
+
+/** A ring file opened for reading. */
+export interface RingReader {
+  /** The whole file mapped read-only, when the runtime can map files (zero-copy batches). */
+  readonly mapped: Uint8Array | undefined;
+  /** Copies `into.length` bytes at `offset` into `into` (the path without a mapping). */
+  read(offset: number, into: Uint8Array): void;
+  close(): void;
+}
+
+/** What the runtime provides for the shm path. */
+export interface LocalTransport {
+  connect(socketPath: string): Promise<LocalSocket>;
+  openRing(path: string, bytes: number): RingReader;
+}
+
+/** A batch in a ring slot: `bytes` is valid until the caller asks for the next batch. */
+export interface SlotBatch {
+  readonly step: number;
+  readonly firstSample: number;
+  readonly bytes: Uint8Array;
+  readonly dtype: string;
+  readonly shape: readonly [number, number];
+  readonly cache: string;
+}
+
+/** The server's error, as sent in an `error` frame, or a lost connection (status 0). */
+export class ShmError extends Error {
+  constructor(readonly status: number, readonly code: string, message: string) {
+    super(message);
+    this.name = "ShmError";
+  }
+}
+
+/** Reads whole messages off a local socket. */
+class MessageReader {
+  readonly #socket: LocalSocket;
+  readonly #decoder = new FrameDecoder();
+  readonly #ready: Record<string, unknown>[] = [];
+
+  constructor(socket: LocalSocket) {
+    this.#socket = socket;
+  }
+
+  async next(): Promise<Record<string, unknown>> {
+    while (this.#ready.length === 0) {
+      const chunk = await this.#socket.read();
+      if (chunk === null) throw new ShmError(0, "UNAVAILABLE", "The shared-memory connection closed");
+      this.#ready.push(...this.#decoder.push(chunk));
+    }
+    const m = this.#ready.shift()!;
+    if (m.t === "error") throw new ShmError(Number(m.status), String(m.code), String(m.message));
+    return m;
+  }
+}
+
+/**
+ * Says hello and checks which server answers.
+ *
+ * @returns the server instance id from `welcome`
+ */
+async function greet(socket: LocalSocket, reader: MessageReader, token: string | undefined): Promise<string> {
+  send(socket, { t: "hello", version: SHM_PROTOCOL_VERSION, ...(token ? { token } : {}) });
+  const w = await reader.next();
+  if (w.t !== "welcome") throw new ShmError(0, "BAD_RESPONSE", `Expected "welcome", got "${String(w.t)}"`);
+  return String(w.instance);
+}
+
+function send(socket: LocalSocket, m: ClientMessage): void {
+  socket.write(encodeFrame(m));
+}
+
+/**
+ * One consumer's batches over shared memory, from `startStep` until the server sends `end`.
+ * A batch's `bytes` is a view of the mapped slot (or of one reused buffer without a mapping): it
+ * stays valid until the next `next()`, which releases the slot to the server.
+ *
+ * @param instance the server instance `GET /v1/shm` named; another instance behind the socket
+ * is refused (a socket path that leads to a different server)
+ * @throws {ShmError} status 0 when the connection is lost (retry), else the server's status
+ */
+export async function* shmBatches(
+  transport: LocalTransport,
+  socketPath: string,
+  instance: string | undefined,
+  token: string | undefined,
+  c: { dataset: string; rank: number; world: number; microBatch: number; startStep: number; endStep?: number; slots: number },
+): AsyncGenerator<SlotBatch, void, undefined> {
+  const socket = await transport.connect(socketPath);
+  let ring: RingReader | undefined;
+  try {
+    const reader = new MessageReader(socket);
+    const got = await greet(socket, reader, token);
+    if (instance !== undefined && got !== instance) {
+      throw new ShmError(0, "NOT_COLOCATED", `Socket ${socketPath} leads to server ${got}, not ${instance}`);
+    }
+    send(socket, {
+      t: "open",
+      dataset: c.dataset,
+      rank: c.rank,
+      world: c.world,
+      microBatch: c.microBatch,
+      startStep: c.startStep,
+      ...(c.endStep === undefined ? {} : { endStep: c.endStep }),
+      slots: c.slots,
+    });
+    const r = await reader.next();
+    if (r.t !== "ring") throw new ShmError(0, "BAD_RESPONSE", `Expected "ring", got "${String(r.t)}"`);
+    ring = transport.openRing(String(r.path), Number(r.fileBytes));
+    const header = new Uint8Array(RING_HEADER_BYTES);
+    readAt(ring, 0, header);
+    const layout = decodeRingHeader(header);
+    if (layout.slots !== r.slots || layout.slotBytes !== r.slotBytes || layout.dataOffset !== r.dataOffset) {
+      throw new ShmError(0, "BAD_RESPONSE", `Ring ${String(r.path)} does not match what the server announced`);
+    }
+    const shape = [Number(r.rows), Number(r.cols)] as const;
+    const slotHeader = new Uint8Array(SLOT_HEADER_BYTES);
+    const copy = ring.mapped ? undefined : new Uint8Array(layout.slotBytes);
+    let expectStep = c.startStep;
+    for (;;) {
+      const m = await reader.next();
+      if (m.t === "end") return;
+      if (m.t !== "batch") throw new ShmError(0, "BAD_RESPONSE", `Expected "batch" or "end", got "${String(m.t)}"`);
+      const slot = Number(m.slot);
+      const generation = Number(m.generation);
+      const length = Number(m.length);
+      if (m.step !== expectStep || slot >= layout.slots || length > layout.slotBytes) {
+        throw new ShmError(0, "BAD_RESPONSE", `Batch notice out of order or out of bounds: step ${String(m.step)}, slot ${slot}, ${length} bytes`);
+      }
+      readAt(ring, slotHeaderOffset(slot), slotHeader);
+      const h = decodeSlotHeader(slotHeader);
+      // The header is written after the data: a generation other than the notice's is a stale or
+      // torn slot, never to be read as this batch.
+      if (h.generation !== generation || h.step !== m.step || h.length !== length) {
+        throw new ShmError(0, "STALE_SLOT", `Slot ${slot} holds generation ${h.generation} (step ${h.step}), notice says ${generation} (step ${String(m.step)})`);
+      }
+      const at = layout.dataOffset + slot * layout.slotBytes;
+      let bytes: Uint8Array;
+      if (ring.mapped) bytes = ring.mapped.subarray(at, at + length);
+      else {
+        bytes = copy!.subarray(0, length);
+        ring.read(at, bytes);
+      }
+      yield { step: expectStep, firstSample: Number(m.firstSample), bytes, dtype: String(r.dtype), shape, cache: String(m.cache) };
+      send(socket, { t: "release", slot, generation });
+      expectStep++;
+    }
+  } finally {
+    // Close the socket first: the server stops writing and removes the ring; our mapping then
+    // only keeps the (unlinked) pages alive until unmapped.
+    socket.close();
+    ring?.close();
+  }
+}
+
+function readAt(ring: RingReader, offset: number, into: Uint8Array): void {
+  if (ring.mapped) into.set(ring.mapped.subarray(offset, offset + into.length));
+  else ring.read(offset, into);
+}
+
+/** Connects and greets only: the server instance behind a socket (used to tell co-location). */
+export async function shmInstance(transport: LocalTransport, socketPath: string, token: string | undefined): Promise<string> {
+  const socket = await transport.connect(socketPath);
+  try {
+    return await greet(socket, new MessageReader(socket), token);
+  } finally {
+    socket.close();
+  }
+}

@@ -1,0 +1,213 @@
+/**
+ * @module The shared-memory protocol, shared by the server and the SDK (web standards only):
+ * length-prefixed msgpack frames on a Unix socket, and the layout of a ring file. The README's
+ * "Shared-memory protocol" section is the same thing in prose, for clients in other languages.
+ */
+
+import { pack, unpack } from "msgpackr";
+
+/** Protocol version sent in `hello` and checked by both ends. */
+export const SHM_PROTOCOL_VERSION = 1;
+
+/** Largest control frame either end accepts: control messages are tiny, batches travel in the ring. */
+export const MAX_FRAME_BYTES = 64 * 1024;
+
+/** First 8 bytes of every ring file. */
+export const RING_MAGIC = "RFRING01";
+
+/** Bytes of the ring header (magic, counts, offsets) before the slot headers. */
+export const RING_HEADER_BYTES = 64;
+
+/** Bytes of each slot header: generation, length, step, first sample (4 × float64). */
+export const SLOT_HEADER_BYTES = 32;
+
+/** Slot data is page-aligned so a mapped slot is a valid typed array of any dtype. */
+export const PAGE_BYTES = 4096;
+
+/** Where a ring's parts lie in its file. */
+export interface RingLayout {
+  readonly slots: number;
+  /** Data bytes per slot (a multiple of `PAGE_BYTES`). */
+  readonly slotBytes: number;
+  /** Offset of slot 0's data; slot i's data starts at `dataOffset + i * slotBytes`. */
+  readonly dataOffset: number;
+  /** Size of the whole file. */
+  readonly fileBytes: number;
+}
+
+/**
+ * The layout of a ring of `slots` slots of at least `batchBytes` each.
+ *
+ * @param slots number of slots
+ * @param batchBytes bytes of the largest batch a slot must hold
+ */
+export function ringLayout(slots: number, batchBytes: number): RingLayout {
+  const slotBytes = roundUp(Math.max(1, batchBytes), PAGE_BYTES);
+  const dataOffset = roundUp(RING_HEADER_BYTES + slots * SLOT_HEADER_BYTES, PAGE_BYTES);
+  return { slots, slotBytes, dataOffset, fileBytes: dataOffset + slots * slotBytes };
+}
+
+/** The ring header: magic, version, slot count, slot size, data offset (little-endian). */
+export function encodeRingHeader(layout: RingLayout): Uint8Array {
+  const out = new Uint8Array(RING_HEADER_BYTES);
+  out.set(new TextEncoder().encode(RING_MAGIC), 0);
+  const v = new DataView(out.buffer);
+  v.setUint32(8, SHM_PROTOCOL_VERSION, true);
+  v.setUint32(12, layout.slots, true);
+  v.setFloat64(16, layout.slotBytes, true);
+  v.setFloat64(24, layout.dataOffset, true);
+  return out;
+}
+
+/** Reads and checks a ring header. @throws {ShmProtocolError} for a file that is not a ring of this version */
+export function decodeRingHeader(bytes: Uint8Array): RingLayout {
+  const magic = new TextDecoder().decode(bytes.subarray(0, 8));
+  const v = new DataView(bytes.buffer, bytes.byteOffset, RING_HEADER_BYTES);
+  if (magic !== RING_MAGIC || v.getUint32(8, true) !== SHM_PROTOCOL_VERSION) {
+    throw new ShmProtocolError(`Not a version ${SHM_PROTOCOL_VERSION} rackfeed ring (magic "${magic}")`);
+  }
+  const slots = v.getUint32(12, true);
+  const slotBytes = v.getFloat64(16, true);
+  const dataOffset = v.getFloat64(24, true);
+  return { slots, slotBytes, dataOffset, fileBytes: dataOffset + slots * slotBytes };
+}
+
+/** A slot's header: which fill it holds. Generation 0 means never filled. */
+export interface SlotHeader {
+  readonly generation: number;
+  readonly length: number;
+  readonly step: number;
+  readonly firstSample: number;
+}
+
+/** Offset of slot `i`'s header in the file. */
+export function slotHeaderOffset(i: number): number {
+  return RING_HEADER_BYTES + i * SLOT_HEADER_BYTES;
+}
+
+/** Encodes a slot header. */
+export function encodeSlotHeader(h: SlotHeader): Uint8Array {
+  const out = new Uint8Array(SLOT_HEADER_BYTES);
+  const v = new DataView(out.buffer);
+  v.setFloat64(0, h.generation, true);
+  v.setFloat64(8, h.length, true);
+  v.setFloat64(16, h.step, true);
+  v.setFloat64(24, h.firstSample, true);
+  return out;
+}
+
+/** Decodes a slot header from its 32 bytes. */
+export function decodeSlotHeader(bytes: Uint8Array): SlotHeader {
+  const v = new DataView(bytes.buffer, bytes.byteOffset, SLOT_HEADER_BYTES);
+  return { generation: v.getFloat64(0, true), length: v.getFloat64(8, true), step: v.getFloat64(16, true), firstSample: v.getFloat64(24, true) };
+}
+
+/** Client → server messages. */
+export type ClientMessage =
+  | { readonly t: "hello"; readonly version: number; readonly token?: string }
+  | {
+    readonly t: "open";
+    readonly dataset: string;
+    readonly rank: number;
+    readonly world: number;
+    readonly microBatch: number;
+    readonly startStep: number;
+    /** Exclusive; unset: the last full step. */
+    readonly endStep?: number;
+    /** Ring size = how many batches the server fills ahead. */
+    readonly slots?: number;
+  }
+  | { readonly t: "release"; readonly slot: number; readonly generation: number };
+
+/** Server → client messages. */
+export type ServerMessage =
+  | { readonly t: "welcome"; readonly version: number; readonly instance: string }
+  | {
+    readonly t: "ring";
+    readonly path: string;
+    readonly slots: number;
+    readonly slotBytes: number;
+    readonly dataOffset: number;
+    readonly fileBytes: number;
+    readonly dtype: string;
+    readonly rows: number;
+    readonly cols: number;
+    readonly endStep: number;
+  }
+  | {
+    readonly t: "batch";
+    readonly slot: number;
+    readonly generation: number;
+    readonly step: number;
+    readonly length: number;
+    readonly firstSample: number;
+    readonly cache: string;
+  }
+  | { readonly t: "end"; readonly step: number }
+  | { readonly t: "error"; readonly code: string; readonly status: number; readonly message: string };
+
+/** A frame: 4-byte big-endian length, then a msgpack map. */
+export function encodeFrame(message: ClientMessage | ServerMessage): Uint8Array {
+  const body = pack(message) as Uint8Array;
+  const out = new Uint8Array(4 + body.length);
+  new DataView(out.buffer).setUint32(0, body.length, false);
+  out.set(body, 4);
+  return out;
+}
+
+/** A malformed frame, a message out of order, or a ring that does not match what was announced. */
+export class ShmProtocolError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "ShmProtocolError";
+  }
+}
+
+/**
+ * Cuts a byte stream into messages. Feed it chunks as they arrive; it returns the messages they
+ * complete.
+ */
+export class FrameDecoder {
+  #buf = new Uint8Array(0);
+
+  /**
+   * @param chunk the next bytes from the socket
+   * @returns the messages completed by this chunk, in order
+   * @throws {ShmProtocolError} for a frame over `MAX_FRAME_BYTES` or a body that is not a msgpack map
+   */
+  push(chunk: Uint8Array): Record<string, unknown>[] {
+    const buf = this.#buf.length === 0 ? chunk : concat(this.#buf, chunk);
+    const out: Record<string, unknown>[] = [];
+    let at = 0;
+    while (buf.length - at >= 4) {
+      const len = new DataView(buf.buffer, buf.byteOffset + at, 4).getUint32(0, false);
+      if (len > MAX_FRAME_BYTES) throw new ShmProtocolError(`Control frame of ${len} bytes exceeds ${MAX_FRAME_BYTES}`);
+      if (buf.length - at - 4 < len) break;
+      let msg: unknown;
+      try {
+        msg = unpack(buf.subarray(at + 4, at + 4 + len));
+      } catch (e) {
+        throw new ShmProtocolError(`Control frame is not msgpack: ${(e as Error).message}`);
+      }
+      if (typeof msg !== "object" || msg === null || typeof (msg as { t?: unknown }).t !== "string") {
+        throw new ShmProtocolError('Control frame is not a map with a string "t"');
+      }
+      out.push(msg as Record<string, unknown>);
+      at += 4 + len;
+    }
+    // Keep only the unfinished tail (copied: the chunk may be a reused socket buffer).
+    this.#buf = at === buf.length ? new Uint8Array(0) : buf.slice(at);
+    return out;
+  }
+}
+
+function concat(a: Uint8Array, b: Uint8Array): Uint8Array {
+  const out = new Uint8Array(a.length + b.length);
+  out.set(a, 0);
+  out.set(b, a.length);
+  return out;
+}
+
+function roundUp(n: number, to: number): number {
+  return Math.ceil(n / to) * to;
+}

@@ -1,0 +1,108 @@
+/**
+ * @module A ring file under `--shm-dir`, opened by the server for writing: mapped when the runtime
+ * can map files (batches are then assembled straight into the slot, one copy), else written with
+ * positional writes from a reused scratch buffer.
+ */
+
+import * as fs from "node:fs";
+import { encodeRingHeader, encodeSlotHeader, type RingLayout, type SlotHeader, slotHeaderOffset } from "./protocol.ts";
+
+/** Maps `bytes` bytes of a file shared and writable; `unmap` must be called once nothing reads the view. */
+export type MapFile = (path: string, bytes: number) => { readonly bytes: Uint8Array; unmap(): void };
+
+/** Prefix of ring file names; `rackfeed-ring-<server pid>-<instance>-<n>.ring`. */
+export const RING_PREFIX = "rackfeed-ring-";
+
+/** One consumer's ring, owned by the server. */
+export class RingFile {
+  readonly path: string;
+  readonly layout: RingLayout;
+  readonly #fd: number;
+  readonly #map: ReturnType<MapFile> | undefined;
+  #scratch: Uint8Array | undefined;
+  #closed = false;
+
+  /**
+   * Creates the file (exclusively: a name left by a dead process is removed first) and writes its header.
+   *
+   * @param path where, under the shm directory
+   * @param layout slot count and sizes
+   * @param mapFile the runtime's file mapping, if it has one
+   */
+  constructor(path: string, layout: RingLayout, mapFile: MapFile | undefined) {
+    this.path = path;
+    this.layout = layout;
+    let fd: number;
+    try {
+      fd = fs.openSync(path, "wx", 0o640);
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+      fs.rmSync(path, { force: true });
+      fd = fs.openSync(path, "wx", 0o640);
+    }
+    this.#fd = fd;
+    try {
+      fs.ftruncateSync(fd, layout.fileBytes);
+      fs.writeSync(fd, encodeRingHeader(layout), 0, undefined, 0);
+      this.#map = mapFile?.(path, layout.fileBytes);
+    } catch (e) {
+      fs.closeSync(fd);
+      fs.rmSync(path, { force: true });
+      throw e;
+    }
+  }
+
+  /** Where slot `i`'s batch is assembled: the mapped slot itself, or the scratch buffer later copied in. */
+  target(slot: number): Uint8Array {
+    if (this.#map) {
+      const at = this.layout.dataOffset + slot * this.layout.slotBytes;
+      return this.#map.bytes.subarray(at, at + this.layout.slotBytes);
+    }
+    this.#scratch ??= new Uint8Array(this.layout.slotBytes);
+    return this.#scratch;
+  }
+
+  /**
+   * Publishes slot `i`: its data (written to the file unless it was assembled in place), then its
+   * header, whose generation is what the client checks, so the header goes last.
+   */
+  publish(slot: number, body: Uint8Array, header: SlotHeader): void {
+    if (!this.#map) fs.writeSync(this.#fd, body, 0, body.length, this.layout.dataOffset + slot * this.layout.slotBytes);
+    const h = encodeSlotHeader(header);
+    if (this.#map) this.#map.bytes.set(h, slotHeaderOffset(slot));
+    else fs.writeSync(this.#fd, h, 0, h.length, slotHeaderOffset(slot));
+  }
+
+  /** Unmaps, closes and removes the file. Call only when no fill is writing into `target()`. */
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#map?.unmap();
+    fs.closeSync(this.#fd);
+    fs.rmSync(this.path, { force: true });
+  }
+}
+
+/**
+ * Removes ring files whose server process is gone (a server killed with -9 cannot clean up).
+ *
+ * @param dir the shm directory
+ * @param isAlive whether a process id is running
+ * @returns the files removed
+ */
+export function removeDeadRings(dir: string, isAlive: (pid: number) => boolean): string[] {
+  const removed: string[] = [];
+  let names: string[];
+  try {
+    names = fs.readdirSync(dir);
+  } catch {
+    return removed;
+  }
+  for (const name of names) {
+    const m = new RegExp(`^${RING_PREFIX}(\\d+)-.*\\.ring$`).exec(name);
+    if (!m || isAlive(Number(m[1]))) continue;
+    fs.rmSync(`${dir}/${name}`, { force: true });
+    removed.push(name);
+  }
+  return removed;
+}

@@ -1,0 +1,339 @@
+/**
+ * @module The shared-memory fast path, server side: a Unix-socket control channel and, per
+ * consumer (one per connection), a ring of slots in a file under `--shm-dir`. The server fills
+ * slots ahead of the consumer, one batch per slot, in step order; a slot is reused only after
+ * the client releases it (backpressure, never a dropped batch). A closed connection, whatever
+ * the cause (kill -9 included: the kernel closes the socket), removes its ring.
+ */
+
+import * as fs from "node:fs";
+import * as net from "node:net";
+import { assembleSamples, ITEM_SIZE } from "../batch/assemble-batch.ts";
+import type { BatchStats } from "../batch/batch-stats.ts";
+import type { DatasetCatalog, RegisteredDataset } from "../batch/dataset-catalog.ts";
+import { type ReadAhead, stepSamples } from "../batch/read-ahead.ts";
+import type { BlockCache } from "../cache/block-cache.ts";
+import { isCacheServerError } from "../errors.ts";
+import { STATUS_OF } from "../http/error-handler.ts";
+import { constantTimeEqual } from "../http/middleware/bearer-auth.ts";
+import type { ServedBytes } from "../http/served-bytes.ts";
+import { encodeFrame, FrameDecoder, ringLayout, type ServerMessage, SHM_PROTOCOL_VERSION, ShmProtocolError } from "./protocol.ts";
+import { type MapFile, removeDeadRings, RING_PREFIX, RingFile } from "./ring-file.ts";
+
+/** What the shm server needs: the batch path's parts, its limits, and the runtime's process facts. */
+export interface ShmServerOptions {
+  readonly socketPath: string;
+  readonly dir: string;
+  readonly catalog: DatasetCatalog;
+  readonly cache: BlockCache;
+  readonly readAhead: ReadAhead;
+  readonly served: ServedBytes;
+  readonly stats: BatchStats;
+  readonly onBatch: (seconds: number, cache: "hit" | "filling" | "miss") => void;
+  readonly maxBatchBytes: number;
+  /** Default ring size when the client names none. */
+  readonly slots: number;
+  /** Largest ring size a client may ask for. */
+  readonly maxSlots: number;
+  /** Bytes of all ring files together. */
+  readonly budgetBytes: number;
+  readonly readToken: string | undefined;
+  /** Random id of this server instance; `GET /v1/shm` tells it too, so a client knows the socket leads to the same server. */
+  readonly instance: string;
+  readonly pid: number;
+  readonly isAlive: (pid: number) => boolean;
+  readonly mapFile: MapFile | undefined;
+  readonly now: () => number;
+  readonly log: (message: string, err?: unknown) => void;
+}
+
+/** What `/metrics` and the dashboard show of the shm path. */
+export interface ShmStats {
+  readonly rings: number;
+  readonly ringBytes: number;
+  readonly connections: number;
+}
+
+/** A listening shm control socket. */
+export class ShmServer {
+  readonly #opts: ShmServerOptions;
+  readonly #server: net.Server;
+  readonly #conns = new Set<ShmConnection>();
+  #ringSeq = 0;
+  #ringBytes = 0;
+
+  private constructor(opts: ShmServerOptions) {
+    this.#opts = opts;
+    this.#server = net.createServer((socket) => {
+      const c = new ShmConnection(socket, this, opts);
+      this.#conns.add(c);
+      socket.once("close", () => this.#conns.delete(c));
+    });
+  }
+
+  /**
+   * Removes rings left by dead servers, takes the socket path (removing a stale socket whose
+   * server is gone, refusing one that still answers), and listens.
+   *
+   * @throws {Error} when another live server holds the socket path, or the directory is unusable
+   */
+  static async start(opts: ShmServerOptions): Promise<ShmServer> {
+    fs.mkdirSync(opts.dir, { recursive: true });
+    const removed = removeDeadRings(opts.dir, opts.isAlive);
+    if (removed.length) opts.log(`rackfeed: removed ${removed.length} ring file(s) of dead servers from ${opts.dir}`);
+    if (fs.existsSync(opts.socketPath)) {
+      if (await answers(opts.socketPath)) {
+        throw new Error(`Shared-memory socket ${opts.socketPath} is held by a running server; stop it or pass another --shm-socket`);
+      }
+      fs.rmSync(opts.socketPath, { force: true });
+    }
+    const s = new ShmServer(opts);
+    await new Promise<void>((resolve, reject) => {
+      s.#server.once("error", reject);
+      s.#server.listen(opts.socketPath, () => {
+        s.#server.off("error", reject);
+        resolve();
+      });
+    });
+    // Owner and group: local peers are authenticated by who may open the socket (neither Deno
+    // nor Node exposes SO_PEERCRED) and, when a read token is set, by the token in `hello`.
+    fs.chmodSync(opts.socketPath, 0o660);
+    return s;
+  }
+
+  /** The control socket's path. */
+  get socketPath(): string {
+    return this.#opts.socketPath;
+  }
+
+  /** Rings and connections now. */
+  stats(): ShmStats {
+    let rings = 0;
+    for (const c of this.#conns) if (c.hasRing) rings++;
+    return { rings, ringBytes: this.#ringBytes, connections: this.#conns.size };
+  }
+
+  /** Reserves room for a ring in the budget and names its file; undefined when the budget is full. */
+  reserveRing(bytes: number): string | undefined {
+    if (this.#ringBytes + bytes > this.#opts.budgetBytes) return undefined;
+    this.#ringBytes += bytes;
+    return `${this.#opts.dir}/${RING_PREFIX}${this.#opts.pid}-${this.#opts.instance}-${++this.#ringSeq}.ring`;
+  }
+
+  /** Gives a ring's bytes back to the budget. */
+  releaseRing(bytes: number): void {
+    this.#ringBytes -= bytes;
+  }
+
+  /** Stops listening, ends every connection (their rings are removed) and removes the socket. */
+  async close(): Promise<void> {
+    const closed = new Promise<void>((r) => this.#server.close(() => r()));
+    await Promise.all([...this.#conns].map((c) => c.end()));
+    await closed;
+    fs.rmSync(this.#opts.socketPath, { force: true });
+  }
+}
+
+/** Whether something accepts connections on a Unix socket path. */
+function answers(path: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = net.connect(path);
+    s.once("connect", () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.once("error", () => resolve(false));
+  });
+}
+
+/** One client connection: the handshake, then at most one consumer and its ring. */
+class ShmConnection {
+  readonly #socket: net.Socket;
+  readonly #server: ShmServer;
+  readonly #o: ShmServerOptions;
+  readonly #decoder = new FrameDecoder();
+  #greeted = false;
+  #ring: RingFile | undefined;
+  #closed = false;
+  /** Slots the client has released (or never got), oldest first. */
+  readonly #free: number[] = [];
+  /** Generation of each slot the client holds. */
+  readonly #held = new Map<number, number>();
+  #wake: (() => void) | undefined;
+  #pump: Promise<void> | undefined;
+  /** Messages are handled one at a time, in order: `open` awaits the catalog. */
+  #queue: Promise<void> = Promise.resolve();
+
+  constructor(socket: net.Socket, server: ShmServer, o: ShmServerOptions) {
+    this.#socket = socket;
+    this.#server = server;
+    this.#o = o;
+    socket.on("data", (chunk: Uint8Array) => {
+      let msgs;
+      try {
+        msgs = this.#decoder.push(chunk);
+      } catch (e) {
+        this.#fail("BAD_REQUEST", 400, (e as Error).message);
+        return;
+      }
+      for (const m of msgs) this.#queue = this.#queue.then(() => this.#handle(m)).catch((e) => this.#failWith(e));
+    });
+    socket.on("error", () => {}); // a peer that vanished; "close" follows and cleans up
+    socket.once("close", () => void this.end());
+  }
+
+  get hasRing(): boolean {
+    return this.#ring !== undefined;
+  }
+
+  /**
+   * Stops filling, waits for a fill writing into the ring, then removes the ring.
+   *
+   * @param graceful let frames already written (an error) reach the client before the socket closes
+   */
+  async end(graceful = false): Promise<void> {
+    if (!this.#closed) {
+      this.#closed = true;
+      this.#wake?.();
+      if (graceful) this.#socket.end();
+      else this.#socket.destroy();
+    }
+    // The pump may be copying into the mapped ring: unmapping under it would fault.
+    await this.#pump;
+    if (this.#ring) {
+      const bytes = this.#ring.layout.fileBytes;
+      this.#ring.close();
+      this.#ring = undefined;
+      this.#server.releaseRing(bytes);
+    }
+  }
+
+  #send(m: ServerMessage): void {
+    if (!this.#closed) this.#socket.write(encodeFrame(m));
+  }
+
+  #fail(code: string, status: number, message: string): void {
+    this.#send({ t: "error", code, status, message });
+    void this.end(true);
+  }
+
+  #failWith(e: unknown): void {
+    if (isCacheServerError(e)) this.#fail(e.code, STATUS_OF[e.code], e.message);
+    else if (e instanceof ShmProtocolError) this.#fail("BAD_REQUEST", 400, e.message);
+    else {
+      this.#o.log("rackfeed: shared-memory connection failed", e);
+      this.#fail("INTERNAL", 500, "Internal server error");
+    }
+  }
+
+  async #handle(m: Record<string, unknown>): Promise<void> {
+    if (this.#closed) return;
+    if (!this.#greeted) {
+      if (m.t !== "hello") throw new ShmProtocolError(`Expected "hello" first, got "${String(m.t)}"`);
+      if (m.version !== SHM_PROTOCOL_VERSION) {
+        throw new ShmProtocolError(`Protocol version ${String(m.version)} is not supported: this server speaks ${SHM_PROTOCOL_VERSION}`);
+      }
+      if (this.#o.readToken !== undefined && !(typeof m.token === "string" && constantTimeEqual(m.token, this.#o.readToken))) {
+        this.#fail("UNAUTHORIZED", 401, 'Missing or wrong read token: send it as "token" in "hello"');
+        return;
+      }
+      this.#greeted = true;
+      this.#send({ t: "welcome", version: SHM_PROTOCOL_VERSION, instance: this.#o.instance });
+      return;
+    }
+    if (m.t === "open") return await this.#open(m);
+    if (m.t === "release") return this.#release(m);
+    throw new ShmProtocolError(`Unknown message "${String(m.t)}": expected open or release`);
+  }
+
+  async #open(m: Record<string, unknown>): Promise<void> {
+    if (this.#ring) throw new ShmProtocolError('One "open" per connection: open another connection for another consumer');
+    const world = int(m, "world", 1, 1 << 20);
+    const rank = int(m, "rank", 0, world - 1);
+    const microBatch = int(m, "microBatch", 1, 1 << 20);
+    const startStep = int(m, "startStep", 0, Number.MAX_SAFE_INTEGER);
+    const slots = m.slots === undefined ? this.#o.slots : int(m, "slots", 1, this.#o.maxSlots);
+    if (typeof m.dataset !== "string") throw new ShmProtocolError('"dataset" must be a string');
+    const reg = await this.#o.catalog.get(m.dataset);
+    const lastStep = Math.floor(reg.dataset.numSamples / (world * microBatch));
+    const endStep = m.endStep === undefined ? lastStep : Math.min(int(m, "endStep", 0, Number.MAX_SAFE_INTEGER), lastStep);
+    const cols = reg.dataset.windowLength;
+    const batchBytes = microBatch * cols * ITEM_SIZE[reg.dataset.dtype];
+    if (batchBytes > this.#o.maxBatchBytes) {
+      this.#fail("BAD_REQUEST", 400, `A batch of ${microBatch} × ${cols} tokens = ${batchBytes} bytes exceeds --max-batch-bytes (${this.#o.maxBatchBytes})`);
+      return;
+    }
+    const layout = ringLayout(slots, batchBytes);
+    const path = this.#server.reserveRing(layout.fileBytes);
+    if (path === undefined) {
+      // 503: the SDK falls back to HTTP for this consumer.
+      this.#fail("OVERLOADED", 503, `Shared-memory budget (--shm-bytes ${this.#o.budgetBytes}) is full; a ring of ${layout.fileBytes} bytes does not fit`);
+      return;
+    }
+    try {
+      this.#ring = new RingFile(path, layout, this.#o.mapFile);
+    } catch (e) {
+      this.#server.releaseRing(layout.fileBytes);
+      throw e;
+    }
+    for (let i = 0; i < slots; i++) this.#free.push(i);
+    this.#send({
+      t: "ring",
+      path,
+      slots,
+      slotBytes: layout.slotBytes,
+      dataOffset: layout.dataOffset,
+      fileBytes: layout.fileBytes,
+      dtype: reg.dataset.dtype,
+      rows: microBatch,
+      cols,
+      endStep,
+    });
+    this.#pump = this.#fill(reg, { dataset: reg.name, rank, world, microBatch }, startStep, endStep).catch((e) => this.#failWith(e));
+  }
+
+  #release(m: Record<string, unknown>): void {
+    const slot = int(m, "slot", 0, Number.MAX_SAFE_INTEGER);
+    const generation = m.generation;
+    if (this.#held.get(slot) !== generation) {
+      throw new ShmProtocolError(`Release of slot ${slot} generation ${String(generation)}, which the client does not hold`);
+    }
+    this.#held.delete(slot);
+    this.#free.push(slot);
+    this.#wake?.();
+  }
+
+  /** Fills slots in step order while the client releases them. */
+  async #fill(reg: RegisteredDataset, consumer: { dataset: string; rank: number; world: number; microBatch: number }, from: number, end: number): Promise<void> {
+    const ring = this.#ring!;
+    let generation = 0;
+    for (let step = from; step < end; step++) {
+      while (this.#free.length === 0 && !this.#closed) await new Promise<void>((r) => (this.#wake = r));
+      if (this.#closed) return;
+      const slot = this.#free.shift()!;
+      const first = stepSamples(step, consumer.rank, consumer.world, consumer.microBatch);
+      const t0 = this.#o.now();
+      const batch = await assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, this.#o.now, ring.target(slot));
+      if (this.#closed) return;
+      generation++;
+      ring.publish(slot, batch.body, { generation, length: batch.body.length, step, firstSample: first });
+      this.#held.set(slot, generation);
+      const seconds = (this.#o.now() - t0) / 1000;
+      const cache = batch.blocksMissing > 0 ? "miss" : batch.blocksFilling > 0 ? "filling" : "hit";
+      this.#send({ t: "batch", slot, generation, step, length: batch.body.length, firstSample: first, cache });
+      this.#o.served.add("shm", batch.body.length);
+      this.#o.onBatch(seconds, cache);
+      this.#o.stats.record(reg.name, `shm rank ${consumer.rank}/${consumer.world} × ${consumer.microBatch} step ${step}`, batch, seconds);
+      this.#o.readAhead.observe(reg, consumer, step);
+    }
+    this.#send({ t: "end", step: end });
+  }
+}
+
+function int(m: Record<string, unknown>, name: string, min: number, max: number): number {
+  const v = m[name];
+  if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
+    throw new ShmProtocolError(`Invalid "${name}": ${JSON.stringify(v)}; expected an integer from ${min} to ${max}`);
+  }
+  return v;
+}

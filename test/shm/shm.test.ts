@@ -1,0 +1,328 @@
+import { spawn } from "node:child_process";
+import { existsSync, readdirSync, writeFileSync } from "node:fs";
+import { writeFile } from "node:fs/promises";
+import { createServer as netServer } from "node:net";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { RackfeedClient } from "../../src/client/mod.ts";
+import { connectUnix, localTransport } from "../../src/client/node.ts";
+import { FsOrigin } from "../../src/origin/fs-origin.ts";
+import type { Origin } from "../../src/origin/origin.ts";
+import { encodeFrame, FrameDecoder } from "../../src/shm/protocol.ts";
+import { ShmStartupError } from "../../src/server.ts";
+import { expectSameBytes, makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { NODE, NODE_TS, ROOT } from "../helpers/spawn.ts";
+import { syntheticDataset } from "../helpers/token-data.ts";
+
+const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 64, seed: 9, split: "100,0,0", split_index: 0, num_samples: 5000 };
+let ws: Workspace;
+let rf: RunningServer;
+let args: string[];
+let shmDir: string;
+
+/** A filesystem origin whose reads take a random 0-3 ms: the producer's speed varies. */
+function jitteryOrigin(name: string, root: string): Origin {
+  const fs = new FsOrigin({ name, root });
+  return new Proxy(fs, {
+    get(target, prop, receiver) {
+      const v = Reflect.get(target, prop, receiver);
+      if (prop !== "read" || typeof v !== "function") return typeof v === "function" ? v.bind(target) : v;
+      return async (...a: unknown[]) => {
+        await sleep(Math.random() * 3);
+        return (v as (...x: unknown[]) => unknown).apply(target, a);
+      };
+    },
+  });
+}
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  const { idx, bin } = syntheticDataset(3000, 20, 300);
+  await ws.put("tok/d.idx", idx);
+  await ws.put("tok/d.bin", bin);
+  await writeFile(join(ws.dir, "d.json"), JSON.stringify(REG));
+  shmDir = join(ws.dir, "shm");
+  // Small blocks and memory: batches keep missing the cache, so fills (and their jitter) happen throughout.
+  args = ["--dataset", `d=${join(ws.dir, "d.json")}`, "--block-bytes", "4KiB", "--memory-bytes", "1MiB", "--shm-dir", shmDir];
+  rf = await startServer(ws, args, { makeOrigin: (spec) => jitteryOrigin(spec.name, (spec as { root: string }).root) });
+});
+afterAll(async () => {
+  await rf.close();
+  await ws.remove();
+});
+
+const rings = () => (existsSync(shmDir) ? readdirSync(shmDir).filter((n) => n.endsWith(".ring")) : []);
+
+async function httpSamples(url: string, start: number, count: number): Promise<Uint8Array> {
+  const res = await fetch(`${url}/v1/datasets/d/samples?start=${start}&count=${count}`);
+  expect(res.status).toBe(200);
+  return new Uint8Array(await res.arrayBuffer());
+}
+
+describe("shared-memory fast path", () => {
+  it("tells co-located clients where its socket is, and the SDK picks shm by itself", async () => {
+    const info = await (await fetch(`${rf.url}/v1/shm`)).json();
+    expect(info.socket).toBe(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
+    expect(info.protocol).toBe(1);
+    expect(await new RackfeedClient({ url: rf.url, local: localTransport() }).transport()).toBe("shm");
+    expect(await new RackfeedClient({ url: rf.url }).transport()).toBe("http");
+    expect(await new RackfeedClient({ url: rf.url, local: localTransport(), shm: false }).transport()).toBe("http");
+  });
+
+  it("delivers thousands of batches under randomized producer and consumer speeds, each byte-identical to its HTTP body", async () => {
+    const steps = 2500;
+    const want = await httpSamples(rf.url, 0, steps); // world 1, micro-batch 1: step s is sample s
+    const sampleBytes = want.length / steps;
+    const c = new RackfeedClient({ url: rf.url, local: localTransport() });
+    const before = await rf.metric("rackfeed_served_bytes_total", { transport: "shm" });
+    let expectStep = 0;
+    for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: steps, prefetch: 1 + Math.floor(Math.random() * 3) })) {
+      expect(b.transport).toBe("shm");
+      expect(b.step).toBe(expectStep++);
+      expect(b.shape).toEqual([1, 65]);
+      expectSameBytes(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength), want.subarray(b.step * sampleBytes, (b.step + 1) * sampleBytes), `step ${b.step}`);
+      if (Math.random() < 0.05) await sleep(Math.random() * 4); // a consumer that sometimes stalls
+    }
+    expect(expectStep).toBe(steps);
+    expect(await rf.metric("rackfeed_served_bytes_total", { transport: "shm" })).toBe(before + want.length);
+    await waitFor(async () => rings().length === 0 && (await rf.metric("rackfeed_shm_rings")) === 0, "the ring to be removed after the iteration");
+  });
+
+  it("resumes from any step, and serves ranks of a world without overlap", async () => {
+    const c = new RackfeedClient({ url: rf.url, local: localTransport() });
+    for (const rank of [0, 3]) {
+      const seen: number[] = [];
+      for await (const b of c.batches("d", { rank, world: 4, microBatch: 2, startStep: 100, endStep: 110 })) {
+        seen.push(b.step);
+        expect(b.firstSample).toBe((b.step * 4 + rank) * 2);
+        expectSameBytes(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength), await httpSamples(rf.url, b.firstSample, 2), `rank ${rank} step ${b.step}`);
+      }
+      expect(seen).toEqual([100, 101, 102, 103, 104, 105, 106, 107, 108, 109]);
+    }
+  });
+
+  it("gives a slow consumer backpressure: the server fills no more slots than the ring holds, and drops nothing", async () => {
+    const c = new RackfeedClient({ url: rf.url, local: localTransport() });
+    const before = await rf.metric("rackfeed_served_bytes_total", { transport: "shm" });
+    const it = c.batches("d", { rank: 0, world: 1, microBatch: 4, endStep: 50, prefetch: 2 }); // 3 slots
+    const first = await it.next();
+    const batchBytes = first.value!.tokens.byteLength;
+    await sleep(300); // the consumer holds step 0; the server may fill the other 2 slots, then must wait
+    expect(await rf.metric("rackfeed_served_bytes_total", { transport: "shm" })).toBe(before + 3 * batchBytes);
+    let n = 1;
+    for await (const b of { [Symbol.asyncIterator]: () => it }) expect(b.step).toBe(n++);
+    expect(n).toBe(50);
+  });
+
+  it("frees the ring of a client killed with -9 mid-stream", async () => {
+    const script = join(ws.dir, "consumer.mts"); // .mts: an ES module (top-level await) outside any package.json
+    writeFileSync(script, `
+      import { RackfeedClient } from ${JSON.stringify(join(ROOT, "src/client/mod.ts"))};
+      import { localTransport } from ${JSON.stringify(join(ROOT, "src/client/node.ts"))};
+      const c = new RackfeedClient({ url: ${JSON.stringify(rf.url)}, local: localTransport() });
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, prefetch: 3 })) {
+        if (b.step === 5) console.log("holding step 5 over " + b.transport);
+        if (b.step >= 5) await new Promise((r) => setTimeout(r, 1000));
+      }
+    `);
+    const child = spawn(NODE, [...NODE_TS, script], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    child.stdout.on("data", (d) => (out += d));
+    child.stderr.on("data", (d) => (out += d));
+    await waitFor(async () => out.includes("holding step 5"), "the child to hold a batch", 20_000).catch((e) => {
+      throw new Error(`${e.message}; the child printed: ${out}`);
+    });
+    expect(out).toContain("over shm");
+    expect(rings().length).toBe(1);
+    expect(await rf.metric("rackfeed_shm_rings")).toBe(1);
+    child.kill("SIGKILL");
+    await waitFor(async () => rings().length === 0 && (await rf.metric("rackfeed_shm_rings")) === 0, "the killed client's ring to be removed");
+    expect(await rf.metric("rackfeed_shm_ring_bytes")).toBe(0);
+  });
+
+  it("answers bad control messages with an error frame and a closed socket, never a crash", async () => {
+    const cases: [Uint8Array, RegExp][] = [
+      [encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 1, startStep: 0 }), /Expected "hello" first/],
+      [encodeFrame({ t: "hello", version: 99 }), /version 99 is not supported/],
+      [Uint8Array.of(0, 0, 0, 3, 0xc1, 0xc1, 0xc1), /not msgpack|not a map/],
+      [Uint8Array.of(0x7f, 0xff, 0xff, 0xff), /exceeds/],
+    ];
+    for (const [frame, message] of cases) {
+      const reply = await exchange([frame]);
+      expect(reply.t).toBe("error");
+      expect(reply.status).toBe(400);
+      expect(String(reply.message)).toMatch(message);
+    }
+    const hello = encodeFrame({ t: "hello", version: 1 });
+    const unknown = await exchange([hello, encodeFrame({ t: "open", dataset: "nope", rank: 0, world: 1, microBatch: 1, startStep: 0 })], 2);
+    expect(unknown).toMatchObject({ t: "error", status: 404 });
+    const badRank = await exchange([hello, encodeFrame({ t: "open", dataset: "d", rank: 4, world: 4, microBatch: 1, startStep: 0 })], 2);
+    expect(badRank).toMatchObject({ t: "error", status: 400 });
+    expect(String(badRank.message)).toMatch(/Invalid "rank": 4; expected an integer from 0 to 3/);
+    const forged = await exchange([hello, encodeFrame({ t: "release", slot: 0, generation: 7 })], 2);
+    expect(String(forged.message)).toMatch(/does not hold/);
+    // Still serving.
+    expect((await fetch(`${rf.url}/healthz`)).status).toBe(200);
+    expect(await rf.metric("rackfeed_shm_rings")).toBe(0);
+  });
+
+  it("says where the shm path stops on a server without it (404), and the SDK uses HTTP", async () => {
+    const plain = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", "off"]);
+    try {
+      const res = await fetch(`${plain.url}/v1/shm`);
+      expect(res.status).toBe(404);
+      const c = new RackfeedClient({ url: plain.url, local: localTransport() });
+      const steps = [];
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 2, endStep: 3 })) steps.push(`${b.step}:${b.transport}`);
+      expect(steps).toEqual(["0:http", "1:http", "2:http"]);
+    } finally {
+      await plain.close();
+    }
+  });
+
+  it("falls back to HTTP when the rings' byte budget is full", async () => {
+    const dir = join(ws.dir, "shm-small");
+    const small = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--shm-bytes", "1MiB"]);
+    try {
+      const c = new RackfeedClient({ url: small.url, local: localTransport() });
+      // 2000 samples × 65 tokens × 2 bytes = 260 KB a slot; 5 slots exceed 1 MiB.
+      const got = [];
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 2000, endStep: 2, prefetch: 4 })) got.push(b.transport);
+      expect(got).toEqual(["http", "http"]);
+      const fits = [];
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 100, endStep: 2, prefetch: 1 })) fits.push(b.transport);
+      expect(fits).toEqual(["http", "http"]); // the client remembers that this server had no room
+      const fresh = new RackfeedClient({ url: small.url, local: localTransport() });
+      for await (const b of fresh.batches("d", { rank: 0, world: 1, microBatch: 100, endStep: 2, prefetch: 1 })) expect(b.transport).toBe("shm");
+    } finally {
+      await small.close();
+    }
+  });
+
+  it("requires the read token in hello when the server has one", async () => {
+    const dir = join(ws.dir, "shm-token");
+    const locked = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--read-token", "s3cret-token-1"]);
+    try {
+      const socket = join(dir, `rackfeed-${new URL(locked.url).port}.sock`);
+      const refused = await exchange([encodeFrame({ t: "hello", version: 1 })], 1, socket);
+      expect(refused).toMatchObject({ t: "error", status: 401 });
+      const welcome = await exchange([encodeFrame({ t: "hello", version: 1, token: "s3cret-token-1" })], 1, socket);
+      expect(welcome.t).toBe("welcome");
+      const c = new RackfeedClient({ url: locked.url, token: "s3cret-token-1", local: localTransport() });
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: 2 })) expect(b.transport).toBe("shm");
+    } finally {
+      await locked.close();
+    }
+  });
+
+  it("removes rings of dead servers and a stale socket at start-up, and refuses a socket a live server holds", async () => {
+    const dir = join(ws.dir, "shm-restart");
+    const socket = join(dir, "rf.sock");
+    const first = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--shm-socket", socket]);
+    try {
+      await expect(startServer(ws, ["--shm-dir", dir, "--shm-socket", socket])).rejects.toThrow(ShmStartupError);
+      await expect(startServer(ws, ["--shm-dir", dir, "--shm-socket", socket])).rejects.toThrow(/held by a running server/);
+    } finally {
+      await first.close();
+    }
+    // What a server killed with -9 leaves: its rings, and a socket file nobody listens on.
+    writeFileSync(join(dir, "rackfeed-ring-4242-deadbeef-1.ring"), new Uint8Array(8192));
+    writeFileSync(join(dir, "rackfeed-ring-77-cafe-1.ring"), new Uint8Array(8192)); // pid 77 is alive here
+    await leaveStaleSocket(socket);
+    const second = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--shm-socket", socket], {
+      pid: 1234,
+      isAlive: (pid) => pid !== 4242,
+    });
+    try {
+      expect(readdirSync(dir).sort()).toEqual(["rackfeed-ring-77-cafe-1.ring", "rf.sock"]);
+      const c = new RackfeedClient({ url: second.url, local: localTransport() });
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: 2 })) {
+        expect(b.transport).toBe("shm");
+        expect(readdirSync(dir).some((n) => n.startsWith("rackfeed-ring-1234-"))).toBe(true);
+      }
+    } finally {
+      await second.close();
+    }
+  });
+
+  it("survives a server restart mid-iteration over shm: resumes at the next step with no duplicate and no gap", async () => {
+    const port = await freePort();
+    const dir = join(ws.dir, "shm-restart-2");
+    const a = ["--dataset", `d=${join(ws.dir, "d.json")}`, "--listen", `127.0.0.1:${port}`, "--shm-dir", dir, "--cache-dir", join(ws.dir, "rc")];
+    let server: RunningServer | undefined = await startServer(ws, a);
+    const c = new RackfeedClient({ url: `http://127.0.0.1:${port}`, local: localTransport(), backoffMs: 20, maxBackoffMs: 200, retries: 50 });
+    const got: { step: number; bytes: Uint8Array; transport: string }[] = [];
+    let restarted: Promise<void> | undefined;
+    for await (const b of c.batches("d", { rank: 1, world: 2, microBatch: 3, endStep: 30, prefetch: 3 })) {
+      got.push({ step: b.step, bytes: new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength).slice(), transport: b.transport });
+      if (b.step === 7) {
+        const old = server!;
+        server = undefined;
+        await old.close();
+        restarted = sleep(300).then(async () => {
+          server = await startServer(ws, a);
+        });
+      }
+    }
+    await restarted;
+    try {
+      expect(got.map((g) => g.step)).toEqual(Array.from({ length: 30 }, (_, i) => i));
+      expect(got.every((g) => g.transport === "shm")).toBe(true);
+      expect(c.retried).toBeGreaterThan(0);
+      for (const g of got) expectSameBytes(g.bytes, await httpSamples(server!.url, (g.step * 2 + 1) * 3, 3), `step ${g.step}`);
+      expect(readdirSync(dir).filter((n) => n.endsWith(".ring"))).toEqual([]);
+    } finally {
+      await server?.close();
+    }
+  });
+});
+
+/** Sends frames on a fresh connection and returns the `n`th message back (1-based). */
+async function exchange(frames: Uint8Array[], n = 1, socket?: string): Promise<Record<string, unknown>> {
+  const path = socket ?? join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`);
+  const s = await connectUnix(path);
+  try {
+    for (const f of frames) s.write(f);
+    const dec = new FrameDecoder();
+    const got: Record<string, unknown>[] = [];
+    while (got.length < n) {
+      const chunk = await s.read();
+      if (chunk === null) throw new Error(`Connection closed after ${got.length} messages: ${JSON.stringify(got)}`);
+      got.push(...dec.push(chunk));
+    }
+    return got[n - 1];
+  } finally {
+    s.close();
+  }
+}
+
+/** A socket file with no listener, as a killed process leaves it. */
+async function leaveStaleSocket(path: string): Promise<void> {
+  // Node removes its socket file on close(); a child killed with -9 does not.
+  const child = spawn(NODE, ["-e", `require("net").createServer().listen(${JSON.stringify(path)}, () => console.log("up"))`], { stdio: ["ignore", "pipe", "inherit"] });
+  await new Promise<void>((r) => child.stdout.once("data", () => r()));
+  child.kill("SIGKILL");
+  await new Promise((r) => child.once("exit", r));
+  expect(existsSync(path)).toBe(true);
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve) => {
+    const s = netServer().listen(0, "127.0.0.1", () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+async function waitFor(cond: () => Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
+  const t0 = Date.now();
+  while (!(await cond())) {
+    if (Date.now() - t0 > timeoutMs) throw new Error(`Timed out waiting for ${what}`);
+    await sleep(20);
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
