@@ -1,0 +1,70 @@
+// Deno.test suite: the shared-memory path with rings mapped on both ends (the server assembles
+// into the mapped slot, the SDK reads the slot with no copy). Run by `npm test`.
+
+import assert from "node:assert/strict";
+import { RackfeedClient } from "../../../src/client/mod.ts";
+import { localTransport } from "../../../src/client/deno.ts";
+import { loadConfig } from "../../../src/config/load.ts";
+import { encodeIndex } from "../../../src/dataset/mod.ts";
+import { denoBody, isAlive, listenDeno } from "../../../src/runtime/deno.ts";
+import { mapFileDeno } from "../../../src/runtime/mmap-deno.ts";
+import { createServer } from "../../../src/server.ts";
+
+Deno.test("serves batches over mapped rings with zero copies on the client, byte-identical to HTTP", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-shm-" });
+  await Deno.mkdir(`${dir}/origin`);
+  const lengths = Array.from({ length: 400 }, (_, i) => 50 + ((i * 37) % 200));
+  const tokens = lengths.reduce((a, b) => a + b, 0);
+  await Deno.writeFile(`${dir}/origin/t.idx`, encodeIndex({ dtypeCode: 8, lengths }));
+  await Deno.writeFile(`${dir}/origin/t.bin`, new Uint8Array(new Uint16Array(tokens).map((_, i) => (i * 7919) % 65000).buffer));
+  await Deno.writeTextFile(`${dir}/t.json`, JSON.stringify({ sources: [{ prefix: "data/t" }], seq_length: 48, seed: 3, split: "100,0,0", split_index: 0, num_samples: 1500 }));
+  const config = loadConfig({
+    args: ["--listen", "127.0.0.1:0", "--origin", `data=${dir}/origin`, "--cache-dir", `${dir}/cache`, "--block-bytes", "16KiB", "--dataset", `t=${dir}/t.json`, "--shm-dir", `${dir}/shm`],
+    env: {},
+    readTextFile: (p) => Deno.readTextFileSync(p),
+    cwd: dir,
+  });
+  const server = await createServer(config, {
+    now: () => performance.now(),
+    log: () => {},
+    wrapBody: denoBody,
+    pid: Deno.pid,
+    isAlive,
+    mapFile: (p, n) => mapFileDeno(p, n, true),
+  });
+  const listener = await listenDeno(server.fetch, config.listen);
+  try {
+    await server.startShm(Number(new URL(listener.url).port));
+    const c = new RackfeedClient({ url: listener.url, local: localTransport() });
+    assert.equal(await c.transport(), "shm");
+    const want = new Uint8Array(await (await fetch(`${listener.url}/v1/datasets/t/samples?start=0&count=1400`)).arrayBuffer());
+    const per = (want.length / 1400) * 2; // micro-batch 2
+    let n = 0;
+    let ringBytes = 0;
+    for await (const b of c.batches("t", { rank: 0, world: 1, microBatch: 2, endStep: 700, prefetch: 3 })) {
+      assert.equal(b.transport, "shm");
+      assert.equal(b.step, n++);
+      // A view of the mapped ring, not a copy: its buffer is the whole ring file.
+      ringBytes = b.tokens.buffer.byteLength;
+      const files = [...Deno.readDirSync(`${dir}/shm`)].filter((e) => e.name.endsWith(".ring"));
+      assert.equal(files.length, 1);
+      assert.equal(ringBytes, Deno.statSync(`${dir}/shm/${files[0].name}`).size);
+      const got = new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength);
+      assert.deepEqual(got, want.subarray(b.step * per, (b.step + 1) * per), `step ${b.step}`);
+    }
+    assert.equal(n, 700);
+    assert.ok(ringBytes >= 4 * 4096);
+    // The ring goes with the connection.
+    for (let i = 0; i < 100 && [...Deno.readDirSync(`${dir}/shm`)].some((e) => e.name.endsWith(".ring")); i++) {
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    assert.deepEqual([...Deno.readDirSync(`${dir}/shm`)].map((e) => e.name).filter((x) => x.endsWith(".ring")), []);
+    const metrics = await (await fetch(`${listener.url}/metrics`)).text();
+    assert.match(metrics, /rackfeed_served_bytes_total\{transport="shm"\} [1-9]/);
+    await c.close();
+  } finally {
+    await listener.close();
+    await server.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
