@@ -22,9 +22,16 @@ node_modules/.bin/vitest run --reporter=default --reporter=json --outputFile.jso
 if [ -s "$OUT/vitest.json" ]; then
   read -r p f s < <(node -e '
     const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
-    // A file that fails to load has no tests; count it as a failure so it cannot hide.
-    const broken = r.testResults.filter((t) => t.status === "failed" && t.assertionResults.length === 0).length;
-    console.log(r.numPassedTests, r.numFailedTests + broken, r.numPendingTests + r.numTodoTests);
+    // A file that fails to load has no tests, and one whose beforeAll fails reports its tests as
+    // skipped: count those as failures so they cannot hide.
+    let broken = 0, hidden = 0;
+    for (const t of r.testResults) {
+      if (t.status !== "failed" || t.assertionResults.some((a) => a.status === "failed")) continue;
+      const notRun = t.assertionResults.filter((a) => a.status !== "passed").length;
+      broken += Math.max(1, notRun);
+      hidden += notRun;
+    }
+    console.log(r.numPassedTests, r.numFailedTests + broken, r.numPendingTests + r.numTodoTests - hidden);
   ' "$OUT/vitest.json")
   passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + s))
 else

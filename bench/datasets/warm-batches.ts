@@ -14,7 +14,9 @@
  * than both .bin files) and checks each body's sha256 against numpy's batch: any difference
  * aborts. Timed passes then request the same steps in order over keep-alive HTTP/1.1 (node:http,
  * 1 or BENCH_CONCURRENCY requests in flight); every timed answer must say x-rackfeed-cache: hit.
- * Latency = request written → last body byte read, at the client.
+ * Latency = request written → last body byte read, at the client. Over shm (bench/shm/client.ts,
+ * ring of 4, a Deno client mapping the ring and a Node client reading it with pread), latency is
+ * t_wait: how long the trainer's `next()` blocked; every batch's sha256 is checked against numpy's.
  */
 
 import { spawnSync } from "node:child_process";
@@ -130,6 +132,21 @@ async function httpRun(base: string, name: string, conc: number, bodyBytes: numb
   return { batchesPerS: lat.length / secs, lat: sortedCopy(lat), misses };
 }
 
+/** The same steps over the shared-memory path, with a Deno (mapped ring) or Node (pread) SDK client; checks every batch's sha256 against numpy's. */
+function shmRun(client: "deno" | "node", base: string, name: string, hashes: string[]): Result {
+  const script = join(ROOT, "bench/shm/client.ts");
+  const argv = [base, name, String(MICRO_BATCH), String(STEPS), String(PASSES), "--hash"];
+  const p = client === "deno"
+    ? spawnSync(DENO, ["run", "-A", script, ...argv], { encoding: "utf8", timeout: 300_000 })
+    : spawnSync(NODE, [...NODE_TS, script, ...argv], { encoding: "utf8", timeout: 300_000 });
+  if (p.status !== 0) throw new Error(`shm client (${client}) failed: ${p.stderr}`);
+  const j = JSON.parse(p.stdout.trim().split("\n").pop()!);
+  for (let s = 0; s < STEPS; s++) {
+    if (j.hashes[s] !== hashes[s]) throw new Error(`${base} ${name} step ${s} over shm (${client} client) differs from numpy's gather`);
+  }
+  return { batchesPerS: j.batches / j.seconds, lat: sortedCopy(j.lat), misses: 0 };
+}
+
 async function startServer(rt: "deno" | "node"): Promise<ChildServer> {
   const cache = join(OUT, `cache-${rt}`);
   rmSync(cache, { recursive: true, force: true });
@@ -196,6 +213,7 @@ async function main(): Promise<void> {
           if (rep === 0) await warmAndCheck(base, ds.name, np.hashes, bodyBytes);
           push(`${ds.name}/${rt} c=1`, await httpRun(base, ds.name, 1, bodyBytes));
           push(`${ds.name}/${rt} c=${CONC}`, await httpRun(base, ds.name, CONC, bodyBytes));
+          for (const client of ["deno", "node"] as const) push(`${ds.name}/${rt} shm ${client}`, shmRun(client, base, ds.name, np.hashes));
         }
         process.stderr.write(`rep ${rep} ${ds.name} done\n`);
       }
@@ -212,14 +230,14 @@ async function main(): Promise<void> {
   for (const ds of DATASETS) {
     const base = results.get(`${ds.name}/numpy`)!;
     const baseRate = median(base.map((r) => r.batchesPerS));
-    for (const target of ["numpy", "deno c=1", "node c=1", `deno c=${CONC}`, `node c=${CONC}`]) {
+    for (const target of ["numpy", "deno c=1", "node c=1", `deno c=${CONC}`, `node c=${CONC}`, "deno shm deno", "deno shm node", "node shm deno", "node shm node"]) {
       const rs = results.get(`${ds.name}/${target}`)!;
       const rates = rs.map((r) => r.batchesPerS);
       const rate = median(rates);
       const mbps = (rate * MICRO_BATCH * (SEQ_LENGTH + 1) * ds.itemSize) / 1e6;
       rows.push([
         ds.name === "u16" ? "uint16" : "int32",
-        target === "numpy" ? "numpy memmap gather (baseline)" : `rackfeed ${target}`,
+        target === "numpy" ? "numpy memmap gather (baseline)" : target.includes("shm") ? `rackfeed ${target.replace(/ shm (\w+)/, " server, shm, $1 client")}` : `rackfeed ${target}`,
         `${fmt(rate, 0)} (${fmt(Math.min(...rates), 0)}–${fmt(Math.max(...rates), 0)})`,
         fmt(mbps, 0),
         fmt(median(rs.map((r) => pct(r.lat, 50) * 1000)), 3),

@@ -7,6 +7,7 @@
 
 import * as http from "node:http";
 import * as http2 from "node:http2";
+import { spawnSync } from "node:child_process";
 import { writeFile } from "node:fs/promises";
 import { makeWorkspace } from "../../test/helpers/rackfeed.ts";
 import { DENO, NODE, NODE_TS, ROOT, startChild } from "../../test/helpers/spawn.ts";
@@ -14,6 +15,28 @@ import { syntheticDataset } from "../../test/helpers/token-data.ts";
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
 const INFLIGHT = 4;
+const PASSES = Number(process.env.BENCH_PASSES ?? 8);
+/** Micro-batches of the 1 MiB and 8 MiB rows, and how many distinct steps each cycles over. */
+const SIZES = [{ mb: 128, steps: 150 }, { mb: 1024, steps: 18 }] as const;
+const LAT_MB = 8;
+
+interface ShmFigures {
+  batches: number;
+  seconds: number;
+  bytes: number;
+  p50: number;
+  p99: number;
+}
+
+function shmClient(client: "deno" | "node", url: string, mb: number, steps: number, passes: number): ShmFigures {
+  const script = `${ROOT}bench/shm/client.ts`;
+  const argv = [url, "d", String(mb), String(steps), String(passes)];
+  const p = client === "deno"
+    ? spawnSync(DENO, ["run", "-A", script, ...argv], { encoding: "utf8", timeout: 300_000 })
+    : spawnSync(NODE, [...NODE_TS, script, ...argv], { encoding: "utf8", timeout: 300_000 });
+  if (p.status !== 0) throw new Error(`shm client (${client}) failed: ${p.stderr}`);
+  return JSON.parse(p.stdout.trim().split("\n").pop()!);
+}
 
 function memcpyGBs(bytes: number): number {
   const a = Buffer.alloc(bytes, 1);
@@ -60,11 +83,12 @@ function h2Getter(url: string): { get: Get; close: () => void } {
   return { get, close: () => session.close() };
 }
 
-async function throughput(get: Get, path: string): Promise<number> {
+async function throughput(get: Get, path: (i: number) => string): Promise<number> {
   let bytes = 0;
+  let i = 0;
   const t0 = performance.now();
   const worker = async () => {
-    while (performance.now() - t0 < SECONDS * 1000) bytes += await get(path);
+    while (performance.now() - t0 < SECONDS * 1000) bytes += await get(path(i++));
   };
   await Promise.all(Array.from({ length: INFLIGHT }, worker));
   return bytes / ((performance.now() - t0) / 1000) / 1e9;
@@ -84,39 +108,46 @@ async function latency(get: Get, path: (i: number) => string): Promise<[number, 
 
 const ws = await makeWorkspace();
 try {
-  await ws.put("b1m.bin", new Uint8Array(2 ** 20).fill(3));
-  await ws.put("b8m.bin", new Uint8Array(8 * 2 ** 20).fill(4));
   const { idx, bin } = syntheticDataset(4000, 500, 6000, 3);
   await ws.put("tok/d.idx", idx);
   await ws.put("tok/d.bin", bin);
-  await writeFile(`${ws.dir}/d.json`, JSON.stringify({ sources: [{ prefix: "data/tok/d" }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 3000 }));
-  const memcpy1 = memcpyGBs(2 ** 20);
-  const memcpy8 = memcpyGBs(8 * 2 ** 20);
+  await writeFile(`${ws.dir}/d.json`, JSON.stringify({ sources: [{ prefix: "data/tok/d" }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 160_000 }));
+  const memcpy1 = memcpyGBs(128 * 4097 * 2);
+  const memcpy8 = memcpyGBs(1024 * 4097 * 2);
   console.log(`memcpy (one thread, this process): 1 MiB ${memcpy1.toFixed(2)} GB/s, 8 MiB ${memcpy8.toFixed(2)} GB/s`);
-  console.log(`\n| server | transport | 1 MiB GB/s | vs memcpy | 8 MiB GB/s | vs memcpy | batch 8×4097 u16 p50 ms | p99 ms |`);
+  console.log(`\n| server | transport | 1 MiB batches GB/s | vs memcpy | 8 MiB batches GB/s | vs memcpy | batch 8×4097 u16 p50 ms | p99 ms |`);
   console.log(`|---|---|---|---|---|---|---|---|`);
+  const row = (name: string, t: string, g1: number, g8: number, p50: number, p99: number) =>
+    console.log(`| ${name} | ${t} | ${g1.toFixed(2)} | ${(g1 / memcpy1).toFixed(2)}× | ${g8.toFixed(2)} | ${(g8 / memcpy8).toFixed(2)}× | ${p50.toFixed(3)} | ${p99.toFixed(3)} |`);
   for (const [name, cmd, pre] of [
     ["deno", DENO, ["run", "-A", `${ROOT}src/main.ts`]],
     ["node", NODE, [...NODE_TS, `${ROOT}src/main.node.ts`]],
   ] as const) {
     const server = await startChild(cmd, [...pre, "serve", "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`,
-      "--cache-dir", `${ws.dir}/c-${name}`, "--dataset", `d=${ws.dir}/d.json`, "--read-ahead-seconds", "0"]);
+      "--cache-dir", `${ws.dir}/c-${name}`, "--dataset", `d=${ws.dir}/d.json`, "--read-ahead-seconds", "0",
+      "--shm-dir", `${ws.dir}/shm-${name}`]);
     try {
-      const batchPath = (i: number) => `/v1/datasets/d/batches/${i}?rank=0&world=1&micro_batch=8`;
+      const batchPath = (mb: number, steps: number) => (i: number) => `/v1/datasets/d/batches/${i % steps}?rank=0&world=1&micro_batch=${mb}`;
       for (const [tname, make] of [["HTTP/1.1", h1Getter], ["HTTP/2 (h2c)", h2Getter]] as const) {
         const c = make(server.url);
         try {
-          // Warm: every body and batch in the memory tier before measuring.
-          await c.get("/v1/objects/data/b1m.bin");
-          await c.get("/v1/objects/data/b8m.bin");
-          for (let i = 0; i < 200; i++) await c.get(batchPath(i));
-          const g1 = await throughput(c.get, "/v1/objects/data/b1m.bin");
-          const g8 = await throughput(c.get, "/v1/objects/data/b8m.bin");
-          const [p50, p99] = await latency(c.get, batchPath);
-          console.log(`| ${name} | ${tname} | ${g1.toFixed(2)} | ${(g1 / memcpy1).toFixed(2)}× | ${g8.toFixed(2)} | ${(g8 / memcpy8).toFixed(2)}× | ${p50.toFixed(2)} | ${p99.toFixed(2)} |`);
+          // Warm: every batch's blocks in the memory tier before measuring.
+          for (const { mb, steps } of SIZES) for (let i = 0; i < steps; i++) await c.get(batchPath(mb, steps)(i));
+          for (let i = 0; i < 200; i++) await c.get(batchPath(LAT_MB, 200)(i));
+          const [g1, g8] = [await throughput(c.get, batchPath(SIZES[0].mb, SIZES[0].steps)), await throughput(c.get, batchPath(SIZES[1].mb, SIZES[1].steps))];
+          const [p50, p99] = await latency(c.get, batchPath(LAT_MB, 200));
+          row(name, tname, g1, g8, p50, p99);
         } finally {
           c.close();
         }
+      }
+      for (const client of ["deno", "node"] as const) {
+        const gbs = SIZES.map(({ mb, steps }) => {
+          const f = shmClient(client, server.url, mb, steps, PASSES);
+          return f.bytes / f.seconds / 1e9;
+        });
+        const lat = shmClient(client, server.url, LAT_MB, 200, 3);
+        row(name, `shm, ${client} client (${client === "deno" ? "mapped" : "pread"}); latency = t_wait`, gbs[0], gbs[1], lat.p50 * 1000, lat.p99 * 1000);
       }
     } catch (e) {
       console.error(`${name} server output:\n${server.output().slice(-3000)}`);

@@ -1,0 +1,64 @@
+/**
+ * @module A trainer-like shm consumer for the benchmarks: iterates one rank's batches over the
+ * shared-memory path with the SDK and prints one JSON line of figures. On Deno the ring is mapped
+ * (zero copies); on Node it is read with pread into a reused buffer.
+ *
+ * Run: deno run -A bench/shm/client.ts URL DATASET MICRO_BATCH STEPS PASSES [--hash]
+ *  or: node --import tsx bench/shm/client.ts ...
+ * Output: {"runtime", "transport", "batches", "seconds", "bytes", "p50", "p99", "hashes"?, "lat"?}
+ * (latencies = t_wait: how long each `next()` blocked; the first pass is untimed, and with
+ * --hash it returns the sha256 of every batch, for comparison with another path).
+ */
+
+import { RackfeedClient } from "../../src/client/mod.ts";
+import type { LocalTransport } from "../../src/client/shm-consumer.ts";
+
+const isDeno = "Deno" in globalThis;
+const args = isDeno ? (globalThis as unknown as { Deno: { args: string[] } }).Deno.args : process.argv.slice(2);
+const [url, dataset, mbText, stepsText, passesText] = args;
+const hash = args.includes("--hash");
+const microBatch = Number(mbText);
+const steps = Number(stepsText);
+const passes = Number(passesText);
+const deadline = Date.now() + 5 * 60_000;
+
+// A computed specifier: the Deno transport uses FFI types that Node's type check does not know.
+const mod = isDeno ? "../../src/client/deno.ts" : "../../src/client/node.ts";
+const { localTransport } = (await import(mod)) as { localTransport: () => LocalTransport };
+const c = new RackfeedClient({ url, local: localTransport(), reportEvery: 1_000_000 });
+const transport = await c.transport();
+if (transport !== "shm") throw new Error(`${url} is not reachable over shm from here`);
+
+const hashes: string[] = [];
+for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep: steps, prefetch: 3 })) {
+  if (hash) {
+    const d = await crypto.subtle.digest("SHA-256", new Uint8Array(b.tokens.buffer as ArrayBuffer, b.tokens.byteOffset, b.tokens.byteLength));
+    hashes.push([...new Uint8Array(d)].map((x) => x.toString(16).padStart(2, "0")).join(""));
+  }
+}
+const lat: number[] = [];
+let bytes = 0;
+const t0 = performance.now();
+for (let p = 0; p < passes && Date.now() < deadline; p++) {
+  for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep: steps, prefetch: 3 })) {
+    lat.push(b.waitSeconds);
+    bytes += b.tokens.byteLength;
+    // A trainer reads its batch: touch one byte per page, so a lazily mapped slot is really read.
+    const v = new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength);
+    let x = 0;
+    for (let i = 0; i < v.length; i += 4096) x ^= v[i];
+    if (x === 256) console.log("unreachable");
+  }
+}
+const seconds = (performance.now() - t0) / 1000;
+lat.sort((a, b) => a - b);
+console.log(JSON.stringify({
+  runtime: isDeno ? "deno" : "node",
+  transport,
+  batches: lat.length,
+  seconds,
+  bytes,
+  p50: lat[Math.floor(lat.length / 2)],
+  p99: lat[Math.floor(lat.length * 0.99)],
+  ...(hash ? { hashes, lat: lat.map((x) => Math.round(x * 1e7) / 1e7) } : {}),
+}));
