@@ -9,6 +9,8 @@ import * as http from "node:http";
 import * as http2 from "node:http2";
 import { spawnSync } from "node:child_process";
 import { writeFile } from "node:fs/promises";
+import { writeFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
 import { makeWorkspace } from "../../test/helpers/rackfeed.ts";
 import { DENO, NODE, NODE_TS, ROOT, startChild } from "../../test/helpers/spawn.ts";
 import { syntheticDataset } from "../../test/helpers/token-data.ts";
@@ -26,6 +28,35 @@ interface ShmFigures {
   bytes: number;
   p50: number;
   p99: number;
+}
+
+/** GB/s of wrk (HTTP/1.1, 4 connections) over the given paths. */
+function wrkGBs(url: string, paths: string[], dir: string): number {
+  const lua = `${dir}/paths.lua`;
+  writeText(lua, `local paths = {${paths.map((p) => JSON.stringify(p)).join(",")}}\nlocal i = 0\nrequest = function()\n  i = i % #paths + 1\n  return wrk.format("GET", paths[i])\nend\n`);
+  const out = execFileSync("wrk", ["-t1", "-c4", `-d${SECONDS}s`, "-s", lua, url], { encoding: "utf8" });
+  return parseWrkBytes(out);
+}
+
+/** GB/s of h2load (h2c prior knowledge, 1 connection, 4 streams) over the given paths. */
+function h2loadGBs(url: string, paths: string[], dir: string): number {
+  const list = `${dir}/paths.txt`;
+  writeText(list, paths.map((p) => `${url}${p}`).join("\n") + "\n");
+  const out = execFileSync("h2load", ["-c1", "-m4", "-D", String(SECONDS), "-i", list], { encoding: "utf8" });
+  const m = /finished in [\d.]+m?s, [\d.]+ req\/s, ([\d.]+)([KMG]?B)\/s/.exec(out);
+  const r = /(\d+) succeeded, (\d+) failed, (\d+) errored/.exec(out);
+  if (!m || !r || r[2] !== "0" || r[3] !== "0" || r[1] === "0") throw new Error(`h2load failed or errored:\n${out}`);
+  return (Number(m[1]) * { B: 1, KB: 1024, MB: 1024 ** 2, GB: 1024 ** 3 }[m[2] as "B"]) / 1e9;
+}
+
+function parseWrkBytes(out: string): number {
+  const m = /Transfer\/sec:\s+([\d.]+)([KMG]?B)/.exec(out);
+  if (!m || /Non-2xx|Socket errors/.test(out)) throw new Error(`wrk failed or saw errors:\n${out}`);
+  return (Number(m[1]) * { B: 1, KB: 1024, MB: 1024 ** 2, GB: 1024 ** 3 }[m[2] as "B"]) / 1e9;
+}
+
+function writeText(path: string, text: string): void {
+  writeFileSync(path, text);
 }
 
 function shmClient(client: "deno" | "node", url: string, mb: number, steps: number, passes: number): ShmFigures {
@@ -83,17 +114,6 @@ function h2Getter(url: string): { get: Get; close: () => void } {
   return { get, close: () => session.close() };
 }
 
-async function throughput(get: Get, path: (i: number) => string): Promise<number> {
-  let bytes = 0;
-  let i = 0;
-  const t0 = performance.now();
-  const worker = async () => {
-    while (performance.now() - t0 < SECONDS * 1000) bytes += await get(path(i++));
-  };
-  await Promise.all(Array.from({ length: INFLIGHT }, worker));
-  return bytes / ((performance.now() - t0) / 1000) / 1e9;
-}
-
 async function latency(get: Get, path: (i: number) => string): Promise<[number, number]> {
   const lat: number[] = [];
   const t0 = performance.now();
@@ -129,12 +149,20 @@ try {
     try {
       const batchPath = (mb: number, steps: number) => (i: number) => `/v1/datasets/d/batches/${i % steps}?rank=0&world=1&micro_batch=${mb}`;
       for (const [tname, make] of [["HTTP/1.1", h1Getter], ["HTTP/2 (h2c)", h2Getter]] as const) {
-        const c = make(server.url);
+        const warm = make(server.url);
         try {
           // Warm: every batch's blocks in the memory tier before measuring.
-          for (const { mb, steps } of SIZES) for (let i = 0; i < steps; i++) await c.get(batchPath(mb, steps)(i));
-          for (let i = 0; i < 200; i++) await c.get(batchPath(LAT_MB, 200)(i));
-          const [g1, g8] = [await throughput(c.get, batchPath(SIZES[0].mb, SIZES[0].steps)), await throughput(c.get, batchPath(SIZES[1].mb, SIZES[1].steps))];
+          for (const { mb, steps } of SIZES) for (let i = 0; i < steps; i++) await warm.get(batchPath(mb, steps)(i));
+          for (let i = 0; i < 200; i++) await warm.get(batchPath(LAT_MB, 200)(i));
+        } finally {
+          warm.close();
+        }
+        const paths = SIZES.map(({ mb, steps }) => Array.from({ length: steps }, (_, i) => batchPath(mb, steps)(i)));
+        const measure = tname === "HTTP/1.1" ? wrkGBs : h2loadGBs;
+        const [g1, g8] = paths.map((p) => measure(server.url, p, ws.dir));
+        // A fresh client after the load run: an idle keep-alive socket may have been closed by the server meanwhile.
+        const c = make(server.url);
+        try {
           const [p50, p99] = await latency(c.get, batchPath(LAT_MB, 200));
           row(name, tname, g1, g8, p50, p99);
         } finally {

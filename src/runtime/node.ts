@@ -32,6 +32,10 @@ export function listenNode(
     // Larger windows than the 64 KiB default: a batch is megabytes, and a small window makes
     // the server wait for WINDOW_UPDATEs; flow control still bounds what a slow reader costs.
     settings: { initialWindowSize: 8 * 2 ** 20, maxFrameSize: 2 ** 20 - 1 },
+    // MB a session may hold in nghttp2's queues before new streams are refused with
+    // ENHANCE_YOUR_CALM. The default (10) is about one 8 MiB batch: four streams of 8 MiB
+    // batches to a client with a large window failed with it (bench/transport). Still a bound.
+    maxSessionMemory: 128,
   };
   let server: net.Server;
   let sessions: Set<Http2Session> | undefined;

@@ -1,11 +1,13 @@
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import * as http2 from "node:http2";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { Client } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { expectSameBytes, makeWorkspace, patternBytes, readMetric, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { type ChildServer, DENO, ROOT, runToExit, startChild } from "../helpers/spawn.ts";
+import { syntheticDataset } from "../helpers/token-data.ts";
 
 const SIZE = 3 * 2 ** 20 + 17;
 const body = patternBytes(SIZE, 42);
@@ -85,6 +87,32 @@ describe("HTTP/2 on Node", () => {
       expect(await rf.metric("rackfeed_served_bytes_total", { transport: "http2" })).toBe(before + total);
     } finally {
       session.close();
+    }
+  });
+
+  it("serves several multi-MiB batches at once to a client with a huge window (no ENHANCE_YOUR_CALM)", async () => {
+    // A batch is one buffer, queued whole when the client's window allows: with Node's default
+    // session memory (10 MB) the later streams were refused with ENHANCE_YOUR_CALM.
+    const { idx, bin } = syntheticDataset(400, 500, 6000, 4);
+    await ws.put("tok/big.idx", idx);
+    await ws.put("tok/big.bin", bin);
+    const reg = join(ws.dir, "big.json");
+    writeFileSync(reg, JSON.stringify({ sources: [{ prefix: "data/tok/big" }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 3000 }));
+    const server = await startServer(ws, ["--dataset", `big=${reg}`, "--cache-dir", join(ws.dir, "c-batches")]);
+    const session = http2.connect(server.url, { settings: { initialWindowSize: 2 ** 31 - 1 } });
+    session.once("connect", () => session.setLocalWindowSize(2 ** 30));
+    try {
+      const path = (step: number) => `/v1/datasets/big/batches/${step}?rank=0&world=1&micro_batch=300`;
+      const want = await Promise.all(Array.from({ length: 8 }, async (_, i) => new Uint8Array(await (await fetch(`${server.url}${path(i)}`)).arrayBuffer())));
+      const got = await Promise.all(Array.from({ length: 8 }, (_, i) => h2get(session, path(i))));
+      for (const [i, g] of got.entries()) {
+        expect(g.status).toBe(200);
+        expect(g.body.length).toBe(300 * 4097 * 2);
+        expectSameBytes(g.body, want[i], `step ${i}`);
+      }
+    } finally {
+      session.close();
+      await server.close();
     }
   });
 
