@@ -5,7 +5,7 @@ import type { BatchStats } from "./batch/batch-stats.ts";
 import type { DatasetCatalog } from "./batch/dataset-catalog.ts";
 import type { ReadAhead } from "./batch/read-ahead.ts";
 import type { BlockCache } from "./cache/block-cache.ts";
-import { CacheServerError } from "./errors.ts";
+import { CacheServerError, OverloadedError } from "./errors.ts";
 import { errorHandler } from "./http/error-handler.ts";
 import { bearerAuth } from "./http/middleware/bearer-auth.ts";
 import { rejectDotSegments } from "./http/middleware/reject-dot-segments.ts";
@@ -36,7 +36,7 @@ export interface AppDeps {
   /** The dashboard's JSON snapshot. */
   readonly status: () => Promise<ServerStatus> | ServerStatus;
   /** Where the shm control socket is, once it listens; undefined when the shm path is off. */
-  readonly shm?: () => { socket: string; instance: string; protocol: number } | undefined;
+  readonly shm?: () => { socket: string; instance: string; protocol: number } | "starting" | undefined;
   /** Token for read routes; undefined leaves them open. */
   readonly readToken: string | undefined;
   /** Token for admin routes; undefined closes them. */
@@ -87,6 +87,9 @@ export function createApp(deps: AppDeps): Hono {
     routeDoc("datasets", "Where the shared-memory control socket is, for co-located clients (404 when the shm path is off)"),
     (c) => {
       const info = deps.shm?.();
+      // HTTP listens before the socket (its default name holds the port): a client asking in
+      // between is told to retry rather than that there is no shm path.
+      if (info === "starting") throw new OverloadedError("The shared-memory path is starting; retry");
       if (!info) throw new CacheServerError("NOT_FOUND", "The shared-memory path is off on this server (--shm-dir off) or not started");
       return c.json(info);
     },

@@ -186,7 +186,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     prefetch,
     batchStats,
     status,
-    shm: () => (shm ? { socket: socketPath!, instance, protocol: 1 } : undefined),
+    shm: () => (shm ? { socket: socketPath!, instance, protocol: 1 } : config.shmDir !== undefined && !shmFailed ? "starting" : undefined),
     wrapBody: env.wrapBody ?? ((b: Uint8Array) => b as Uint8Array<ArrayBuffer>),
     readToken: config.readToken,
     adminToken: config.adminToken,
@@ -195,6 +195,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     log: env.log,
   });
   let socketPath: string | undefined;
+  let shmFailed = false;
   return {
     app,
     fetch: app.fetch,
@@ -234,6 +235,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
           log: env.log,
         });
       } catch (e) {
+        shmFailed = true;
         throw new ShmStartupError(`Cannot start the shared-memory path on ${socketPath}: ${(e as Error).message}`, { cause: e });
       }
       return shm;

@@ -96,6 +96,9 @@ const TYPED: Record<string, new (b: ArrayBuffer) => TokenBatch["tokens"]> = {
 
 const TRANSIENT = new Set([429, 502, 503, 504]);
 
+/** Largest ring a server grants (see the README's protocol table). */
+const MAX_SHM_SLOTS = 64;
+
 /**
  * A client of one rackfeed server.
  *
@@ -226,7 +229,7 @@ export class RackfeedClient {
         microBatch: c.microBatch,
         startStep: step,
         endStep: end,
-        slots: depth + 1,
+        slots: Math.min(depth + 1, MAX_SHM_SLOTS),
       });
       try {
         for (;;) {
@@ -244,8 +247,8 @@ export class RackfeedClient {
         }
       } catch (e) {
         if (!(e instanceof ShmError)) throw e;
-        if (e.status === 503 || e.code === "NOT_COLOCATED") {
-          this.#shmRoute = null; // no room for a ring (or another server): HTTP from here on
+        if (e.code === "SHM_FULL") {
+          this.#shmRoute = null; // no room for a ring on this server: HTTP from here on
           continue;
         }
         if (e.status !== 0 && !TRANSIENT.has(e.status)) throw new RackfeedError(e.status, e.code, e.message);

@@ -112,7 +112,7 @@ export async function* shmBatches(
   token: string | undefined,
   c: { dataset: string; rank: number; world: number; microBatch: number; startStep: number; endStep?: number; slots: number },
 ): AsyncGenerator<SlotBatch, void, undefined> {
-  const socket = await transport.connect(socketPath);
+  const socket = await connect(transport, socketPath);
   let ring: RingReader | undefined;
   try {
     const reader = new MessageReader(socket);
@@ -179,6 +179,15 @@ export async function* shmBatches(
   }
 }
 
+/** Connects, turning a refused or missing socket (a server restarting) into a retryable `ShmError`. */
+async function connect(transport: LocalTransport, socketPath: string): Promise<LocalSocket> {
+  try {
+    return await transport.connect(socketPath);
+  } catch (e) {
+    throw new ShmError(0, "UNAVAILABLE", `Cannot connect to ${socketPath}: ${(e as Error).message}`);
+  }
+}
+
 function readAt(ring: RingReader, offset: number, into: Uint8Array): void {
   if (ring.mapped) into.set(ring.mapped.subarray(offset, offset + into.length));
   else ring.read(offset, into);
@@ -186,7 +195,7 @@ function readAt(ring: RingReader, offset: number, into: Uint8Array): void {
 
 /** Connects and greets only: the server instance behind a socket (used to tell co-location). */
 export async function shmInstance(transport: LocalTransport, socketPath: string, token: string | undefined): Promise<string> {
-  const socket = await transport.connect(socketPath);
+  const socket = await connect(transport, socketPath);
   try {
     return await greet(socket, new MessageReader(socket), token);
   } finally {

@@ -13,6 +13,24 @@ export type MapFile = (path: string, bytes: number) => { readonly bytes: Uint8Ar
 /** Prefix of ring file names; `rackfeed-ring-<server pid>-<instance>-<n>.ring`. */
 export const RING_PREFIX = "rackfeed-ring-";
 
+/** The shm directory has no room for a ring (a small tmpfs, e.g. a container's 64 MiB /dev/shm). */
+export class RingSpaceError extends Error {
+  constructor(readonly path: string, readonly bytes: number) {
+    super(`No room for a ring of ${bytes} bytes at ${path} (ENOSPC)`);
+    this.name = "RingSpaceError";
+  }
+}
+
+/**
+ * Writes zeros over the whole file, so that tmpfs allocates every page now: a sparse ring on a
+ * full tmpfs would fail later, and a write through a mapping then kills the process (SIGBUS)
+ * instead of returning ENOSPC.
+ */
+function allocate(fd: number, bytes: number): void {
+  const zeros = new Uint8Array(Math.min(bytes, 1 << 20));
+  for (let at = 0; at < bytes;) at += fs.writeSync(fd, zeros, 0, Math.min(zeros.length, bytes - at), at);
+}
+
 /** One consumer's ring, owned by the server. */
 export class RingFile {
   readonly path: string;
@@ -42,12 +60,13 @@ export class RingFile {
     }
     this.#fd = fd;
     try {
-      fs.ftruncateSync(fd, layout.fileBytes);
+      allocate(fd, layout.fileBytes);
       fs.writeSync(fd, encodeRingHeader(layout), 0, undefined, 0);
       this.#map = mapFile?.(path, layout.fileBytes);
     } catch (e) {
       fs.closeSync(fd);
       fs.rmSync(path, { force: true });
+      if ((e as NodeJS.ErrnoException).code === "ENOSPC") throw new RingSpaceError(path, layout.fileBytes);
       throw e;
     }
   }

@@ -18,7 +18,12 @@ import { STATUS_OF } from "../http/error-handler.ts";
 import { constantTimeEqual } from "../http/middleware/bearer-auth.ts";
 import type { ServedBytes } from "../http/served-bytes.ts";
 import { encodeFrame, FrameDecoder, ringLayout, type ServerMessage, SHM_PROTOCOL_VERSION, ShmProtocolError } from "./protocol.ts";
-import { type MapFile, removeDeadRings, RING_PREFIX, RingFile } from "./ring-file.ts";
+import { type MapFile, removeDeadRings, RING_PREFIX, RingFile, RingSpaceError } from "./ring-file.ts";
+
+/** Connections on the control socket at once; more are refused by the kernel's accept queue. */
+const MAX_CONNECTIONS = 1024;
+/** A connection that has not said `hello` within this time is closed. */
+const HELLO_TIMEOUT_MS = 5000;
 
 /** What the shm server needs: the batch path's parts, its limits, and the runtime's process facts. */
 export interface ShmServerOptions {
@@ -65,6 +70,10 @@ export class ShmServer {
   private constructor(opts: ShmServerOptions) {
     this.#opts = opts;
     this.#server = net.createServer((socket) => {
+      if (this.#conns.size >= MAX_CONNECTIONS) {
+        socket.destroy();
+        return;
+      }
       const c = new ShmConnection(socket, this, opts);
       this.#conns.add(c);
       socket.once("close", () => this.#conns.delete(c));
@@ -81,7 +90,9 @@ export class ShmServer {
     fs.mkdirSync(opts.dir, { recursive: true });
     const removed = removeDeadRings(opts.dir, opts.isAlive);
     if (removed.length) opts.log(`rackfeed: removed ${removed.length} ring file(s) of dead servers from ${opts.dir}`);
-    if (fs.existsSync(opts.socketPath)) {
+    const existing = fs.lstatSync(opts.socketPath, { throwIfNoEntry: false });
+    if (existing) {
+      if (!existing.isSocket()) throw new Error(`${opts.socketPath} exists and is not a socket; remove it or pass another --shm-socket`);
       if (await answers(opts.socketPath)) {
         throw new Error(`Shared-memory socket ${opts.socketPath} is held by a running server; stop it or pass another --shm-socket`);
       }
@@ -92,6 +103,8 @@ export class ShmServer {
       s.#server.once("error", reject);
       s.#server.listen(opts.socketPath, () => {
         s.#server.off("error", reject);
+        // An accept failure (e.g. EMFILE) must not kill the process, HTTP included.
+        s.#server.on("error", (e) => opts.log("rackfeed: shared-memory socket error", e));
         resolve();
       });
     });
@@ -180,6 +193,10 @@ class ShmConnection {
     });
     socket.on("error", () => {}); // a peer that vanished; "close" follows and cleans up
     socket.once("close", () => void this.end());
+    const helloTimer = setTimeout(() => {
+      if (!this.#greeted) this.#fail("BAD_REQUEST", 400, `No "hello" within ${HELLO_TIMEOUT_MS} ms`);
+    }, HELLO_TIMEOUT_MS);
+    socket.once("close", () => clearTimeout(helloTimer));
   }
 
   get hasRing(): boolean {
@@ -255,6 +272,7 @@ class ShmConnection {
     const slots = m.slots === undefined ? this.#o.slots : int(m, "slots", 1, this.#o.maxSlots);
     if (typeof m.dataset !== "string") throw new ShmProtocolError('"dataset" must be a string');
     const reg = await this.#o.catalog.get(m.dataset);
+    if (this.#closed) return; // the peer left while the catalog answered: make no ring
     const lastStep = Math.floor(reg.dataset.numSamples / (world * microBatch));
     const endStep = m.endStep === undefined ? lastStep : Math.min(int(m, "endStep", 0, Number.MAX_SAFE_INTEGER), lastStep);
     const cols = reg.dataset.windowLength;
@@ -266,14 +284,18 @@ class ShmConnection {
     const layout = ringLayout(slots, batchBytes);
     const path = this.#server.reserveRing(layout.fileBytes);
     if (path === undefined) {
-      // 503: the SDK falls back to HTTP for this consumer.
-      this.#fail("OVERLOADED", 503, `Shared-memory budget (--shm-bytes ${this.#o.budgetBytes}) is full; a ring of ${layout.fileBytes} bytes does not fit`);
+      // SHM_FULL: the SDK falls back to HTTP for this consumer.
+      this.#fail("SHM_FULL", 503, `Shared-memory budget (--shm-bytes ${this.#o.budgetBytes}) is full; a ring of ${layout.fileBytes} bytes does not fit`);
       return;
     }
     try {
       this.#ring = new RingFile(path, layout, this.#o.mapFile);
     } catch (e) {
       this.#server.releaseRing(layout.fileBytes);
+      if (e instanceof RingSpaceError) {
+        this.#fail("SHM_FULL", 503, `${e.message}: ${this.#o.dir} is full; grow it or lower --shm-bytes`);
+        return;
+      }
       throw e;
     }
     for (let i = 0; i < slots; i++) this.#free.push(i);

@@ -58,7 +58,8 @@ export async function startServer(
   env: Partial<ServerEnv> = {},
 ): Promise<RunningServer> {
   const config = loadConfig({
-    args: ["--listen", "127.0.0.1:0", "--cache-dir", ws.cache, "--origin", `data=${ws.origin}`, ...args],
+    // The shm path only when a test names its directory (the default /dev/shm is shared).
+    args: ["--listen", "127.0.0.1:0", "--cache-dir", ws.cache, "--origin", `data=${ws.origin}`, ...(args.includes("--shm-dir") ? [] : ["--shm-dir", "off"]), ...args],
     env: {},
     readTextFile: (p) => readFileSync(p, "utf8"),
     cwd: ws.dir,
@@ -69,7 +70,6 @@ export async function startServer(
     ...env,
   });
   const listener: Listener = await listenNode(server.fetch, config.listen, config.tls);
-  // Tests opt in to the shm path by naming its directory (the default /dev/shm is shared).
   if (args.includes("--shm-dir")) {
     try {
       await server.startShm(Number(new URL(listener.url).port));

@@ -1,5 +1,5 @@
-import { spawn } from "node:child_process";
-import { existsSync, readdirSync, writeFileSync } from "node:fs";
+import { execFileSync, spawn } from "node:child_process";
+import { existsSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
 import { writeFile } from "node:fs/promises";
 import { createServer as netServer } from "node:net";
 import { join } from "node:path";
@@ -199,6 +199,31 @@ describe("shared-memory fast path", () => {
     }
   });
 
+  it("falls back to HTTP when the shm directory itself is full (ENOSPC), and the server lives on", async () => {
+    // A 1 MiB tmpfs, as small as a container's /dev/shm can be relative to a ring: pages are
+    // allocated when the ring is made, so this is ENOSPC at open, never SIGBUS mid-batch.
+    const tiny = join(ws.dir, "tiny");
+    mkdirSync(tiny);
+    execFileSync("mount", ["-t", "tmpfs", "-o", "size=1m", "tmpfs", tiny]);
+    try {
+      const full = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", tiny, "--shm-bytes", "64MiB"]);
+      try {
+        const c = new RackfeedClient({ url: full.url, local: localTransport() });
+        const got = [];
+        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 2000, endStep: 2, prefetch: 4 })) got.push(b.transport);
+        expect(got).toEqual(["http", "http"]);
+        expect(readdirSync(tiny).filter((n) => n.endsWith(".ring"))).toEqual([]);
+        expect(await full.metric("rackfeed_shm_ring_bytes")).toBe(0);
+        const small = new RackfeedClient({ url: full.url, local: localTransport() });
+        for await (const b of small.batches("d", { rank: 0, world: 1, microBatch: 10, endStep: 3 })) expect(b.transport).toBe("shm");
+      } finally {
+        await full.close();
+      }
+    } finally {
+      execFileSync("umount", [tiny]);
+    }
+  });
+
   it("requires the read token in hello when the server has one", async () => {
     const dir = join(ws.dir, "shm-token");
     const locked = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--read-token", "s3cret-token-1"]);
@@ -222,6 +247,9 @@ describe("shared-memory fast path", () => {
     try {
       await expect(startServer(ws, ["--shm-dir", dir, "--shm-socket", socket])).rejects.toThrow(ShmStartupError);
       await expect(startServer(ws, ["--shm-dir", dir, "--shm-socket", socket])).rejects.toThrow(/held by a running server/);
+      writeFileSync(join(dir, "not-a-socket"), "keep me");
+      await expect(startServer(ws, ["--shm-dir", dir, "--shm-socket", join(dir, "not-a-socket")])).rejects.toThrow(/is not a socket/);
+      expect(existsSync(join(dir, "not-a-socket"))).toBe(true);
     } finally {
       await first.close();
     }
@@ -234,7 +262,7 @@ describe("shared-memory fast path", () => {
       isAlive: (pid) => pid !== 4242,
     });
     try {
-      expect(readdirSync(dir).sort()).toEqual(["rackfeed-ring-77-cafe-1.ring", "rf.sock"]);
+      expect(readdirSync(dir).sort()).toEqual(["not-a-socket", "rackfeed-ring-77-cafe-1.ring", "rf.sock"]);
       const c = new RackfeedClient({ url: second.url, local: localTransport() });
       for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: 2 })) {
         expect(b.transport).toBe("shm");
