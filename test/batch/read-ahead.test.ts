@@ -91,7 +91,7 @@ describe("schedule-aware read-ahead", () => {
     const lru = await run("lru");
     expect(belady).toBe(0);
     expect(lru).toBeGreaterThan(15);
-  });
+  }, 120_000); // two servers, 25 paced steps each with 1 MiB of competing reads: ~25 s here, more under load
 
   it("starts over from a consumer's new position after a jump (resume at another step)", async () => {
     await withServer([], async (rf) => {
