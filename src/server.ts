@@ -111,6 +111,12 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     blockBytes: config.blockBytes,
     partBytes: config.partBytes,
     readAheadBlocks: config.readAheadBlocks,
+    // Deep enough to keep twice the origin's concurrency of part reads queued (a slow origin
+    // then always has work), never more than a quarter of the memory tier per stream.
+    maxReadAheadBlocks: Math.max(
+      config.readAheadBlocks,
+      Math.min(64, Math.ceil((2 * config.originConcurrency * config.partBytes) / config.blockBytes), Math.floor(config.memoryBytes / 4 / config.blockBytes)),
+    ),
     now: env.now,
     onFill: (s, source) => metrics?.fillSeconds.observe({ source }, s),
   });

@@ -25,6 +25,8 @@ export interface BlockCacheStats {
   readonly fillErrors: number;
   /** Fills in flight now. */
   readonly inFlight: number;
+  /** Times a stream caught up with its read-ahead and deepened it. */
+  readonly streamStalls: number;
 }
 
 /** Options of `BlockCache`. */
@@ -36,8 +38,13 @@ export interface BlockCacheOptions {
   readonly blockBytes: number;
   /** Origin read size within a block. */
   readonly partBytes: number;
-  /** Blocks fetched ahead of the one being streamed. */
+  /** Blocks fetched ahead of the one being streamed, at first. */
   readonly readAheadBlocks: number;
+  /**
+   * Deepest read-ahead a stream may grow to (default `readAheadBlocks`): each time a reader
+   * catches up with a fill it had started ahead, its depth doubles, up to this.
+   */
+  readonly maxReadAheadBlocks?: number;
   /** Monotonic clock in ms (injected in tests). */
   readonly now: () => number;
   /** Called once per finished fill with its duration and where it came from (for histograms). */
@@ -59,6 +66,8 @@ export class BlockCache {
   readonly #blockBytes: number;
   readonly #partBytes: number;
   readonly #readAhead: number;
+  readonly #maxReadAhead: number;
+  #streamStalls = 0;
   readonly #now: () => number;
   readonly #onFill: (seconds: number, source: "disk" | "origin") => void;
   readonly #flights = new Map<string, BlockFill>();
@@ -88,6 +97,7 @@ export class BlockCache {
     this.#blockBytes = opts.blockBytes;
     this.#partBytes = opts.partBytes;
     this.#readAhead = opts.readAheadBlocks;
+    this.#maxReadAhead = Math.max(opts.readAheadBlocks, opts.maxReadAheadBlocks ?? opts.readAheadBlocks);
     this.#now = opts.now;
     this.#onFill = opts.onFill ?? (() => {});
   }
@@ -99,8 +109,11 @@ export class BlockCache {
 
   /**
    * Yields the bytes `[start, end)` of one object version, in order, as views into cached
-   * blocks (no copies). At most `1 + readAheadBlocks` blocks of this range are held at once,
-   * so memory stays flat however long the range; the consumer's pace sets the origin's pace.
+   * blocks (no copies). The read-ahead adapts to the origin: it starts at `readAheadBlocks` and
+   * doubles whenever the reader reaches a block still being fetched ahead (the origin's latency ×
+   * bandwidth needs more in flight), up to `maxReadAheadBlocks`. At most `1 + maxReadAheadBlocks`
+   * blocks of this range are held at once, so memory stays flat however long the range; the
+   * consumer's pace sets the origin's pace.
    *
    * @throws {OriginError} when a fill fails (the caller may already have sent bytes)
    */
@@ -114,14 +127,27 @@ export class BlockCache {
     if (end <= start) return;
     const first = Math.floor(start / this.#blockBytes);
     const last = Math.floor((end - 1) / this.#blockBytes);
+    let depth = this.#readAhead;
+    let warmed = first; // highest block index whose fill this stream has started or found
     for (let index = first; index <= last; index++) {
-      for (let ahead = index + 1; ahead <= Math.min(last, index + this.#readAhead); ahead++) {
+      for (let ahead = Math.max(warmed, index) + 1; ahead <= Math.min(last, index + depth); ahead++) {
         this.#lookup(gw, key, info, ahead, true);
+        warmed = ahead;
       }
       const blockStart = index * this.#blockBytes;
       const from = Math.max(start, blockStart) - blockStart;
       const to = Math.min(end, blockStart + this.#blockBytes) - blockStart;
       const got = this.#lookup(gw, key, info, index, false);
+      if (!(got instanceof Uint8Array) && index <= warmed && index > first && got.filled < got.length && depth < this.#maxReadAhead) {
+        // The reader caught up with read-ahead: fills take longer than consuming a block, so
+        // keep more of them in flight (the slow-start of a TCP window, bounded).
+        depth = Math.min(this.#maxReadAhead, depth * 2 || 1);
+        this.#streamStalls++;
+        for (let ahead = warmed + 1; ahead <= Math.min(last, index + depth); ahead++) {
+          this.#lookup(gw, key, info, ahead, true);
+          warmed = ahead;
+        }
+      }
       if (got instanceof Uint8Array) {
         yield got.subarray(from, to);
         continue;
@@ -297,6 +323,7 @@ export class BlockCache {
       coalesced: this.#coalesced,
       fillErrors: this.#fillErrors,
       inFlight: this.#flights.size,
+      streamStalls: this.#streamStalls,
     };
   }
 

@@ -171,7 +171,7 @@ export const TUNABLES = {
     env: "RACKFEED_READ_AHEAD_BLOCKS",
     default: "2",
     parse: intIn(0, 64),
-    doc: "Blocks fetched ahead of the one being sent while streaming a long range",
+    doc: "Blocks fetched ahead of the one being sent while streaming a long range, at first: it doubles each time the reader catches up with a fill, up to twice the origin concurrency in parts (at most a quarter of --memory-bytes)",
   } as Tunable<number>,
   originTimeout: {
     key: "originTimeout",

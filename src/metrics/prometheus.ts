@@ -163,6 +163,8 @@ export class Metrics {
       consumerSamples((c) => c.stepSeconds));
     counter("rackfeed_readahead_blocks_total", "Block fills started by dataset read-ahead", [], () =>
       [[{}, src.readAheadBlocks?.() ?? 0]]);
+    counter("rackfeed_stream_readahead_stalls_total", "Times an object stream caught up with its read-ahead, which then doubled (up to the cap)", [], () =>
+      [[{}, src.cache().streamStalls]]);
 
     const datasets = () => [...(src.batches?.().datasets() ?? new Map()).entries()];
     counter("rackfeed_dataset_blocks_total", "Blocks a dataset's batches used, by where they came from (memory = hit)",

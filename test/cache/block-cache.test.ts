@@ -1,7 +1,10 @@
 import { readdir, readFile, stat, utimes, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { BlockCache } from "../../src/cache/block-cache.ts";
+import { MemoryTier } from "../../src/cache/memory-tier.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
+import { OriginGateway } from "../../src/origin/origin-gateway.ts";
 import type { ObjectInfo, Origin } from "../../src/origin/origin.ts";
 import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 
@@ -233,3 +236,64 @@ async function waitUntil(cond: () => Promise<boolean>, ms = 5000): Promise<void>
     await new Promise((r) => setTimeout(r, 10));
   }
 }
+
+/** An fs origin whose every read takes `delayMs` (a distant origin), counting reads in flight. */
+class DistantOrigin extends FsOrigin {
+  inFlight = 0;
+  maxInFlight = 0;
+  constructor(root: string, readonly delayMs: number) {
+    super({ name: "data", root });
+  }
+  override async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
+    this.maxInFlight = Math.max(this.maxInFlight, ++this.inFlight);
+    try {
+      await new Promise((r) => setTimeout(r, this.delayMs));
+      return await super.read(key, info, offset, dest);
+    } finally {
+      this.inFlight--;
+    }
+  }
+}
+
+describe("adaptive stream read-ahead", () => {
+  it("deepens read-ahead when the reader catches up with a slow origin, up to twice the origin concurrency, with correct bytes", async () => {
+    const body = patternBytes(64 * 64 * KiB, 9); // 64 blocks of 64 KiB
+    await ws.put("far.bin", body);
+    let origin!: DistantOrigin;
+    // One part per block, 8 origin slots: read-ahead may grow from 1 to 16 blocks.
+    const rf = await start(["--block-bytes", "64KiB", "--part-bytes", "64KiB", "--read-ahead-blocks", "1", "--origin-concurrency", "8"], (root) => {
+      origin = new DistantOrigin(root, 25);
+      return origin;
+    });
+    expectSameBytes(await bytesOf(await fetch(`${rf.url}/v1/objects/data/far.bin`)), body);
+    expect(await rf.metric("rackfeed_stream_readahead_stalls_total")).toBeGreaterThanOrEqual(3);
+    // A fixed depth of 1 never has more than 2 reads in flight; the grown depth fills every slot.
+    expect(origin.maxInFlight).toBe(8);
+    expect(await rf.metric("rackfeed_origin_requests_total", { origin: "data", op: "read" })).toBe(64);
+  });
+
+  it("keeps the configured depth for a reader slower than the origin", async () => {
+    const body = patternBytes(16 * 64 * KiB, 10);
+    await ws.put("near.bin", body);
+    const origin = new DistantOrigin(ws.origin, 2);
+    const gw = new OriginGateway(origin, { concurrency: 8, maxQueue: 100, metadataTtl: 0 });
+    const cache = new BlockCache({
+      memory: new MemoryTier({ maxBytes: 16 * 2 ** 20 }),
+      blockBytes: 64 * KiB,
+      partBytes: 64 * KiB,
+      readAheadBlocks: 2,
+      maxReadAheadBlocks: 16,
+      now: () => performance.now(),
+    });
+    const info = await gw.stat("near.bin");
+    const chunks: Uint8Array[] = [];
+    for await (const chunk of cache.readRange(gw, "near.bin", info, 0, info.size)) {
+      chunks.push(chunk.slice());
+      await new Promise((r) => setTimeout(r, 15)); // consuming a block takes longer than fetching one
+    }
+    expectSameBytes(Buffer.concat(chunks), body);
+    expect(cache.stats().streamStalls).toBe(0);
+    expect(origin.maxInFlight).toBeLessThanOrEqual(3); // the block being read + the 2 ahead
+    await cache.close();
+  });
+});
