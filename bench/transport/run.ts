@@ -3,7 +3,7 @@
 // and p50/p99 latency of a token batch (micro_batch 8 × 4097 uint16 tokens) per transport.
 // Client: node:http (keep-alive) and node:http2, 4 requests in flight, bounded by time.
 //
-// Run: node --import tsx bench/transport/run.ts      Knobs: BENCH_SECONDS=3
+// Run: bash bench/transport/run.sh (installs wrk, h2load) or node --import tsx bench/transport/run.ts      Knobs: BENCH_SECONDS=3
 
 import * as http from "node:http";
 import * as http2 from "node:http2";
