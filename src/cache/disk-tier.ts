@@ -173,7 +173,7 @@ export class DiskTier {
       this.#drop(key, entry);
       return undefined;
     }
-    const payload = await verifyBlockFile(file, key);
+    const payload = verifyBlockFile(file, key);
     if (!payload) {
       this.#corrupt++;
       this.#onError(`Dropped corrupt block file ${entry.path} (checksum, length or key mismatch)`, undefined);
@@ -234,7 +234,7 @@ export class DiskTier {
     const tmp = `${this.#dir}/tmp/${name}.${randomBytes(6).toString("hex")}.tmp`;
     try {
       await this.#evictUntil(0);
-      const header = await encodeHeader(keyBytes, payload);
+      const header = encodeHeader(keyBytes, payload);
       const fh = await open(tmp, "wx");
       try {
         await fh.writev([header, payload]);
@@ -303,32 +303,23 @@ export class DiskTier {
   }
 }
 
-/**
- * SHA-256 of a block, computed off the main thread (WebCrypto's digest runs on Node's thread pool
- * and Deno's blocking pool): hashing 8 MiB on the event loop took ~18 % of a cold S3 fill's busy
- * time (bench/RESULTS.md, fill). The input is copied once, which costs far less than the hash.
- */
-async function blockDigest(payload: Uint8Array): Promise<Uint8Array> {
-  return new Uint8Array(await crypto.subtle.digest("SHA-256", payload as Uint8Array<ArrayBuffer>));
-}
-
-async function encodeHeader(keyBytes: Uint8Array, payload: Uint8Array): Promise<Uint8Array> {
+function encodeHeader(keyBytes: Uint8Array, payload: Uint8Array): Uint8Array {
   const header = new Uint8Array(FIXED_HEADER + keyBytes.length);
   const view = new DataView(header.buffer);
   header.set(MAGIC, 0);
   view.setUint32(8, header.length, true);
   view.setUint32(12, payload.length, true);
-  header.set(await blockDigest(payload), 16);
+  header.set(createHash("sha256").update(payload).digest(), 16);
   header.set(keyBytes, FIXED_HEADER);
   return header;
 }
 
 /** Returns the payload view when the whole file is a valid block for `key`, else undefined. */
-async function verifyBlockFile(file: Uint8Array, key: string): Promise<Uint8Array | undefined> {
+function verifyBlockFile(file: Uint8Array, key: string): Uint8Array | undefined {
   const h = parseHeader(file, file.length);
   if (!h || h.key !== key) return undefined;
   const payload = file.subarray(h.headerBytes);
-  const sum = await blockDigest(payload);
+  const sum = createHash("sha256").update(payload).digest();
   for (let i = 0; i < 32; i++) if (sum[i] !== file[16 + i]) return undefined;
   return payload;
 }
