@@ -89,6 +89,8 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
         maxQueue: config.originQueue,
         metadataTtl: config.metadataTtl,
         now: env.now,
+        // Remote origins grow their parts from --part-bytes up to a block as latency × bandwidth asks.
+        parts: config.partSizing === "auto" ? { minBytes: config.partBytes, maxBytes: config.blockBytes } : undefined,
       }),
     );
   }
@@ -111,11 +113,12 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     blockBytes: config.blockBytes,
     partBytes: config.partBytes,
     readAheadBlocks: config.readAheadBlocks,
-    // Deep enough to keep twice the origin's concurrency of part reads queued (a slow origin
-    // then always has work), never more than a quarter of the memory tier per stream.
+    // Deep enough to keep twice the origin's concurrency of reads queued even when adaptive
+    // parts grow to whole blocks (a slow origin then always has work), never more than a
+    // quarter of the memory tier per stream.
     maxReadAheadBlocks: Math.max(
       config.readAheadBlocks,
-      Math.min(64, Math.ceil((2 * config.originConcurrency * config.partBytes) / config.blockBytes), Math.floor(config.memoryBytes / 4 / config.blockBytes)),
+      Math.min(64, 2 * config.originConcurrency, Math.floor(config.memoryBytes / 4 / config.blockBytes)),
     ),
     now: env.now,
     onFill: (s, source) => metrics?.fillSeconds.observe({ source }, s),

@@ -225,7 +225,7 @@ export class BlockCache {
       let fill = this.#flights.get(k);
       if (!fill) {
         const length = Math.min(this.#blockBytes, info.size - index * this.#blockBytes);
-        fill = new BlockFill(length, this.#partBytes);
+        fill = new BlockFill(length, Math.min(length, gw.partBytes() ?? this.#partBytes));
         this.#flights.set(k, fill);
         this.#runFill(gw, key, info, index, k, fill, opts.background);
       }
@@ -263,7 +263,7 @@ export class BlockCache {
       return flight;
     }
     const length = Math.min(this.#blockBytes, info.size - index * this.#blockBytes);
-    const fill = new BlockFill(length, this.#partBytes);
+    const fill = new BlockFill(length, Math.min(length, gw.partBytes() ?? this.#partBytes));
     this.#flights.set(k, fill);
     this.#runFill(gw, key, info, index, k, fill);
     return fill;

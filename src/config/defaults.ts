@@ -149,6 +149,14 @@ export const TUNABLES = {
     parse: sizeIn(4096, 256 * MiB),
     doc: "Size of one origin read while filling a block; waiting readers get bytes part by part",
   } as Tunable<number>,
+  partSizing: {
+    key: "partSizing",
+    flag: "--part-sizing",
+    env: "RACKFEED_PART_SIZING",
+    default: "auto",
+    parse: oneOf(["auto", "fixed"]),
+    doc: "auto: an S3 origin's parts grow from --part-bytes up to a block, to 4 × its measured time to first byte × per-connection bandwidth; fixed: always --part-bytes",
+  } as Tunable<"auto" | "fixed">,
   originConcurrency: {
     key: "originConcurrency",
     flag: "--origin-concurrency",
@@ -171,7 +179,7 @@ export const TUNABLES = {
     env: "RACKFEED_READ_AHEAD_BLOCKS",
     default: "2",
     parse: intIn(0, 64),
-    doc: "Blocks fetched ahead of the one being sent while streaming a long range, at first: it doubles each time the reader catches up with a fill, up to twice the origin concurrency in parts (at most a quarter of --memory-bytes)",
+    doc: "Blocks fetched ahead of the one being sent while streaming a long range, at first: it doubles each time the reader catches up with a fill, up to twice --origin-concurrency blocks (at most a quarter of --memory-bytes)",
   } as Tunable<number>,
   originTimeout: {
     key: "originTimeout",

@@ -28,6 +28,7 @@ export interface Config {
   readonly diskBytes: number;
   readonly blockBytes: number;
   readonly partBytes: number;
+  readonly partSizing: "auto" | "fixed";
   readonly originConcurrency: number;
   readonly originQueue: number;
   readonly readAheadBlocks: number;

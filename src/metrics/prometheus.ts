@@ -143,6 +143,13 @@ export class Metrics {
       src.origins().map((o) => [{ origin: o.name }, o.active] as Sample));
     gauge("rackfeed_origin_queued_requests", "Origin requests waiting for a slot", ["origin"], () =>
       src.origins().map((o) => [{ origin: o.name }, o.queued] as Sample));
+    const adaptive = () => src.origins().filter((o) => o.partBytes !== undefined);
+    gauge("rackfeed_origin_part_bytes", "Origin read size now (adaptive parts)", ["origin"], () =>
+      adaptive().map((o) => [{ origin: o.name }, o.partBytes!] as Sample));
+    gauge("rackfeed_origin_first_byte_seconds", "Moving average of a read's time to first byte", ["origin"], () =>
+      adaptive().map((o) => [{ origin: o.name }, o.firstByteSeconds!] as Sample));
+    gauge("rackfeed_origin_stream_bytes_per_second", "Moving average of one read's body bandwidth", ["origin"], () =>
+      adaptive().map((o) => [{ origin: o.name }, o.streamBytesPerSecond!] as Sample));
     const shm = () => src.shm?.() ?? { rings: 0, ringBytes: 0, connections: 0 };
     gauge("rackfeed_shm_rings", "Shared-memory rings open (one per co-located consumer)", [], () => [[{}, shm().rings]]);
     gauge("rackfeed_shm_ring_bytes", "Bytes of all shared-memory ring files", [], () => [[{}, shm().ringBytes]]);

@@ -3,6 +3,7 @@
 import { LRUCache } from "lru-cache";
 import { isCacheServerError } from "../errors.ts";
 import { ConcurrencyLimiter } from "./limiter.ts";
+import { PartSizer } from "./part-sizer.ts";
 import type { ListedObject, ObjectInfo, Origin } from "./origin.ts";
 
 /** Counters of one origin, read by `metrics/` at scrape time. */
@@ -25,6 +26,10 @@ export interface OriginStats {
   readonly metadataHits: number;
   readonly active: number;
   readonly queued: number;
+  /** Origin read size now, and what it comes from (remote origins with adaptive parts). */
+  readonly partBytes?: number;
+  readonly firstByteSeconds?: number;
+  readonly streamBytesPerSecond?: number;
 }
 
 /** Options of `OriginGateway`. */
@@ -37,6 +42,11 @@ export interface OriginGatewayOptions {
   readonly metadataTtl: number;
   /** Clock for the metadata TTL (injected in tests). */
   readonly now?: () => number;
+  /**
+   * Adaptive parts: the configured part size (the minimum) and the block size (the maximum).
+   * Used when the origin reports read timings (`Origin.observeReads`); absent: fixed parts.
+   */
+  readonly parts?: { readonly minBytes: number; readonly maxBytes: number };
 }
 
 /**
@@ -59,6 +69,7 @@ export class OriginGateway {
   #bytes = 0;
   #errors = 0;
   #metadataHits = 0;
+  readonly #sizer: PartSizer | undefined;
 
   /**
    * @param origin the origin to wrap
@@ -72,6 +83,11 @@ export class OriginGateway {
       maxQueue: opts.maxQueue,
       what: `origin "${origin.name}"`,
     });
+    if (opts.parts && origin.observeReads) {
+      const sizer = new PartSizer(opts.parts);
+      origin.observeReads((t) => sizer.observe(t));
+      this.#sizer = sizer;
+    }
     if (!(opts.metadataTtl >= 0)) {
       throw new RangeError(`Cannot create OriginGateway: metadataTtl must be >= 0 ms, received ${opts.metadataTtl}`);
     }
@@ -91,6 +107,11 @@ export class OriginGateway {
   /** The origin's name. */
   get name(): string {
     return this.origin.name;
+  }
+
+  /** The read size for a new block fill: adaptive for remote origins, else undefined (the cache's own). */
+  partBytes(): number | undefined {
+    return this.#sizer?.partBytes;
   }
 
   /** Size and version of an object, from the metadata cache when fresh. */
@@ -145,6 +166,9 @@ export class OriginGateway {
       metadataHits: this.#metadataHits,
       active: l.active,
       queued: l.queued,
+      ...(this.#sizer
+        ? (({ partBytes, firstByteSeconds, bytesPerSecond }) => ({ partBytes, firstByteSeconds, streamBytesPerSecond: bytesPerSecond }))(this.#sizer.stats())
+        : {}),
     };
   }
 

@@ -1,5 +1,7 @@
 /** @module The `Origin` interface every store (filesystem, S3) implements, and the object metadata it returns. */
 
+import type { ReadTiming } from "./part-sizer.ts";
+
 /** What the cache needs to know about an object before reading it. */
 export interface ObjectInfo {
   /** Length in bytes. */
@@ -57,6 +59,11 @@ export interface Origin {
   list(prefix: string, limit: number): Promise<ListedObject[]>;
   /** Retry and hedge counters, for origins that retry by themselves. */
   requestStats?(): OriginRequestStats;
+  /**
+   * Registers who learns each successful read's time to first byte and total time (remote
+   * origins, whose part size adapts to them; see `PartSizer`).
+   */
+  observeReads?(observer: (t: ReadTiming) => void): void;
   /** Releases connections and handles. */
   close(): Promise<void>;
 }

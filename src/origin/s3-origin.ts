@@ -13,6 +13,7 @@ import {
   type S3ClientConfig,
 } from "@aws-sdk/client-s3";
 import { isCacheServerError, OriginError } from "../errors.ts";
+import type { ReadTiming } from "./part-sizer.ts";
 import type { ListedObject, ObjectInfo, Origin, OriginRequestStats } from "./origin.ts";
 import { backoffDelay, type RetryPolicy, sleep } from "./retry.ts";
 
@@ -100,6 +101,7 @@ export class S3Origin implements Origin {
   #recentNext = 0;
   #hedgesInFlight = 0;
   readonly #stats = { retries: 0, failedAttempts: 0, timeouts: 0, hedges: 0, hedgeWins: 0 };
+  #readObserver: ((t: ReadTiming) => void) | undefined;
 
   /**
    * @param opts bucket, prefix, client settings and fault policy
@@ -180,6 +182,10 @@ export class S3Origin implements Origin {
       token = page.IsTruncated ? page.NextContinuationToken : undefined;
     } while (token !== undefined && out.length < limit);
     return out;
+  }
+
+  observeReads(observer: (t: ReadTiming) => void): void {
+    this.#readObserver = observer;
   }
 
   requestStats(): OriginRequestStats {
@@ -333,6 +339,7 @@ export class S3Origin implements Origin {
     const end = offset + dest.length - 1;
     // A version without an ETag (see `stat`) contains ":"; S3 ETags never do.
     const originEtag = info.version.includes(":") ? undefined : info.etag;
+    const t0 = this.#now();
     const out = await this.#client.send(
       new GetObjectCommand({
         Bucket: this.#bucket,
@@ -342,6 +349,7 @@ export class S3Origin implements Origin {
       }),
       { abortSignal: signal },
     );
+    const firstByte = this.#now();
     const body = out.Body as unknown as (AsyncIterable<Uint8Array> & { destroy?: (e?: Error) => void }) | undefined;
     try {
       // Servers that ignore If-Match would answer with another version: check what came back.
@@ -366,6 +374,7 @@ export class S3Origin implements Origin {
         signal.removeEventListener("abort", onAbort);
       }
       if (at !== dest.length && !stopped()) throw new ShortBodyError(at, dest.length);
+      if (!stopped()) this.#readObserver?.({ bytes: dest.length, firstByteMs: firstByte - t0, totalMs: this.#now() - t0 });
     } catch (e) {
       body?.destroy?.();
       throw e;

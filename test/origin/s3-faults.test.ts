@@ -8,7 +8,7 @@ import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { worstCaseMs } from "../../src/origin/retry.ts";
-import { type FaultProxy, type FaultRule, onceEach, startFaultProxy } from "../helpers/fault-proxy.ts";
+import { type FaultProxy, type FaultRule, latency, onceEach, startFaultProxy } from "../helpers/fault-proxy.ts";
 import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { put, s3Client, s3ConfigFile, s3Server, uniquePrefix } from "../helpers/s3.ts";
 import type { S3TestServer } from "../setup/s3-server.ts";
@@ -129,6 +129,29 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
     const rf = await startBehind(p.url);
     await readAndCheck(rf);
     expect(await rf.metric("rackfeed_origin_errors_total", { origin: "s3" })).toBe(0);
+  });
+
+  it("grows its parts to 4 × time to first byte × per-connection bandwidth (and keeps them with --part-sizing fixed)", async () => {
+    const far = patternBytes(24 * 256 * 1024, 12); // 24 blocks of 256 KiB
+    await put(client, s3.bucket, `${prefix}far.bin`, far);
+    // 30 ms to first byte and 1 MB/s per response: 4 × 0.03 s × 1e6 B/s = 120 kB -> 128 KiB parts
+    // (256 KiB if RGW's own time counts too), up from 64 KiB.
+    const p = await proxy(latency(30, 1_000_000));
+    const flags = ["--block-bytes", "256KiB", "--part-bytes", "64KiB", "--origin-concurrency", "16"];
+    const auto = await startBehind(p.url, flags);
+    const got = await fetch(`${auto.url}/v1/objects/s3/far.bin`);
+    expectSameBytes(new Uint8Array(await got.arrayBuffer()), far, "far.bin (auto)");
+    const part = await auto.metric("rackfeed_origin_part_bytes", { origin: "s3" });
+    expect([128 * 1024, 256 * 1024]).toContain(part);
+    expect(await auto.metric("rackfeed_origin_first_byte_seconds", { origin: "s3" })).toBeGreaterThanOrEqual(0.03);
+    const autoReads = await auto.metric("rackfeed_origin_requests_total", { origin: "s3", op: "read" });
+    expect(autoReads).toBeLessThan(96); // 24 blocks × 4 parts of 64 KiB with fixed parts
+
+    const fixed = await startBehind(p.url, [...flags, "--part-sizing", "fixed"]);
+    const again = await fetch(`${fixed.url}/v1/objects/s3/far.bin`);
+    expectSameBytes(new Uint8Array(await again.arrayBuffer()), far, "far.bin (fixed)");
+    expect(await fixed.metric("rackfeed_origin_requests_total", { origin: "s3", op: "read" })).toBe(96);
+    expect(await fixed.metric("rackfeed_origin_part_bytes", { origin: "s3" })).toBe(0); // not exported
   });
 
   it("hedges a part much slower than its peers, and the hedge wins", async () => {
