@@ -97,7 +97,8 @@ export class S3Origin implements Origin {
   readonly #listPageSize: number;
   readonly #random: () => number;
   readonly #now: () => number;
-  readonly #recent: number[] = [];
+  /** Recent reads: duration and size (for the hedge delay of a read of another size). */
+  readonly #recent: { ms: number; bytes: number }[] = [];
   #recentNext = 0;
   #hedgesInFlight = 0;
   readonly #stats = { retries: 0, failedAttempts: 0, timeouts: 0, hedges: 0, hedgeWins: 0 };
@@ -278,10 +279,10 @@ export class S3Origin implements Origin {
     progress: () => void,
   ): Promise<void> {
     const t0 = this.#now();
-    const delay = this.#hedgeDelay();
+    const delay = this.#hedgeDelay(dest.length);
     if (delay === undefined) {
       await this.#readOnce(key, info, offset, dest, signal, progress, () => false);
-      this.#record(this.#now() - t0);
+      this.#record(this.#now() - t0, dest.length);
       return;
     }
     // Both GETs write the same bytes (If-Match pins the version) into the same buffer; once one
@@ -318,7 +319,7 @@ export class S3Origin implements Origin {
         }, delay);
       });
       if (winner === 1) this.#stats.hedgeWins++;
-      this.#record(this.#now() - t0);
+      this.#record(this.#now() - t0, dest.length);
     } finally {
       clearTimeout(hedgeTimer);
       signal.removeEventListener("abort", link);
@@ -381,14 +382,16 @@ export class S3Origin implements Origin {
     }
   }
 
-  #hedgeDelay(): number | undefined {
+  #hedgeDelay(bytes: number): number | undefined {
     if (this.#hedgeFactor <= 0 || this.#recent.length < HEDGE_MIN_SAMPLES) return undefined;
-    const sorted = [...this.#recent].sort((a, b) => a - b);
+    // A read larger than its peers (adaptive parts grew) may take longer: scale their times up
+    // to its size (never down: small reads are dominated by latency), so it is not hedged early.
+    const sorted = this.#recent.map((r) => r.ms * Math.max(1, bytes / Math.max(1, r.bytes))).sort((a, b) => a - b);
     return Math.max(this.#hedgeMinMs, this.#hedgeFactor * sorted[sorted.length >> 1]);
   }
 
-  #record(ms: number): void {
-    this.#recent[this.#recentNext] = ms;
+  #record(ms: number, bytes: number): void {
+    this.#recent[this.#recentNext] = { ms, bytes };
     this.#recentNext = (this.#recentNext + 1) % HEDGE_WINDOW;
   }
 }
