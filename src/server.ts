@@ -219,6 +219,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
       socketPath = config.shmSocket ?? `${config.shmDir}/rackfeed-${port}.sock`;
       // sockaddr_un holds 108 bytes with its terminating NUL.
       if (new TextEncoder().encode(socketPath).length > 107) {
+        shmFailed = true;
         throw new ShmStartupError(`Shared-memory socket path ${socketPath} is longer than 107 bytes; pass a shorter --shm-socket`);
       }
       try {

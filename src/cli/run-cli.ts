@@ -123,10 +123,15 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   try {
     shm = await server.startShm(Number(new URL(listener.url).port));
   } catch (e) {
-    host.printError(`rackfeed: ${describe(e)}; or pass --shm-dir off`);
-    await listener.close();
-    await server.close();
-    return 2;
+    if (config.shmRequested) {
+      host.printError(`rackfeed: ${describe(e)}; or pass --shm-dir off`);
+      await listener.close();
+      await server.close();
+      return 2;
+    }
+    // The default /dev/shm may be unusable here (Deno without -A treats /dev as special files,
+    // a read-only or missing tmpfs): serve HTTP and say how to get the shm path.
+    host.printError(`rackfeed: warning: shared-memory path off: ${describe(e)}. Pass --shm-dir DIR to require it (Deno needs -A for sockets under /dev)`);
   }
   host.print(`rackfeed (${host.runtime}) listening on ${listener.url}`);
   if (shm) host.print(`Shared memory: control socket ${shm.socketPath}, rings in ${config.shmDir} (${host.mapFile ? "mapped" : "pwrite"})`);

@@ -49,6 +49,11 @@ export interface Config {
   readonly readToken: string | undefined;
   /** Absolute directory of the shm rings; undefined when the shm path is off. */
   readonly shmDir: string | undefined;
+  /**
+   * Whether the shm path was asked for (`--shm-dir`, its env var or the config file): then a
+   * failure to start it stops the server; with the default it only costs a warning.
+   */
+  readonly shmRequested: boolean;
   /** Unix socket path of the shm control channel; undefined: chosen from the port once listening. */
   readonly shmSocket: string | undefined;
   readonly shmSlots: number;
@@ -235,7 +240,8 @@ export function loadConfig(src: ConfigSources): Config {
   }
 
   return Object.freeze({
-    ...(values as Omit<Config, "listen" | "origins" | "cacheDir" | "datasets" | "tls" | "shmDir" | "shmSocket">),
+    ...(values as Omit<Config, "listen" | "origins" | "cacheDir" | "datasets" | "tls" | "shmDir" | "shmSocket" | "shmRequested">),
+    shmRequested: !fromDefault.has("shmDir") || values.shmSocket !== undefined,
     tls,
     shmDir: values.shmDir === "off" ? undefined : resolvePath(values.shmDir as string, src.cwd),
     shmSocket: values.shmSocket === undefined ? undefined : resolvePath(values.shmSocket as string, src.cwd),

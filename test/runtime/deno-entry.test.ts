@@ -42,3 +42,32 @@ describe("the Deno entry point (deno run -A src/main.ts serve)", () => {
     expect(text).toMatch(/rackfeed_origin_requests_total\{origin="data",op="read"\} [1-9]/);
   });
 });
+
+describe("the Deno entry with the Docker image's permissions (no -A)", () => {
+  const DOCKER_FLAGS = ["--allow-net", "--allow-read", "--allow-write", "--allow-env", "--allow-sys"];
+
+  it("serves HTTP with a warning when the default /dev/shm cannot be used, and /v1/shm says 404", async () => {
+    // Deno treats paths under /dev as special files that need -A for a Unix socket.
+    const child = await startChild(DENO, [
+      "run", ...DOCKER_FLAGS, `${ROOT}src/main.ts`, "serve",
+      "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`, "--cache-dir", `${ws.dir}/c-docker`,
+    ]);
+    try {
+      expect(child.output()).toMatch(/warning: shared-memory path off: .*\/dev\/shm/);
+      expect((await fetch(`${child.url}/v1/shm`)).status).toBe(404);
+      expectSameBytes(new Uint8Array(await (await fetch(`${child.url}/v1/objects/data/shard.bin`)).arrayBuffer()), body);
+    } finally {
+      await child.stop();
+    }
+  }, 120_000);
+
+  it("refuses to start when the shm path was asked for explicitly and cannot start", async () => {
+    const { runToExit } = await import("../helpers/spawn.ts");
+    const { code, out } = await runToExit(DENO, [
+      "run", ...DOCKER_FLAGS, `${ROOT}src/main.ts`, "serve",
+      "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`, "--cache-dir", `${ws.dir}/c-docker2`, "--shm-dir", "/dev/shm",
+    ]);
+    expect(code).toBe(2);
+    expect(out).toMatch(/Cannot start the shared-memory path on \/dev\/shm\/rackfeed-\d+\.sock: .*or pass --shm-dir off/);
+  }, 120_000);
+});
