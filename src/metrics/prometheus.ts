@@ -143,6 +143,10 @@ export class Metrics {
       src.origins().map((o) => [{ origin: o.name }, o.active] as Sample));
     gauge("rackfeed_origin_queued_requests", "Origin requests waiting for a slot", ["origin"], () =>
       src.origins().map((o) => [{ origin: o.name }, o.queued] as Sample));
+    gauge("rackfeed_origin_concurrency_limit", "Origin reads allowed in flight now (halved when the origin throttles, regained gradually)", ["origin"], () =>
+      src.origins().map((o) => [{ origin: o.name }, o.concurrencyLimit] as Sample));
+    counter("rackfeed_origin_throttled_total", "Attempts the origin throttled (503 SlowDown, 429)", ["origin"], () =>
+      src.origins().map((o) => [{ origin: o.name }, o.throttled] as Sample));
     const adaptive = () => src.origins().filter((o) => o.partBytes !== undefined);
     gauge("rackfeed_origin_part_bytes", "Origin read size now (adaptive parts)", ["origin"], () =>
       adaptive().map((o) => [{ origin: o.name }, o.partBytes!] as Sample));

@@ -16,11 +16,11 @@ import { OverloadedError } from "../errors.ts";
  * ```
  */
 export class ConcurrencyLimiter {
-  readonly #concurrency: number;
+  #concurrency: number;
   readonly #maxQueue: number;
   readonly #what: string;
   /** Slots background work may not take. */
-  readonly #reserve: number;
+  #reserve: number;
   #active = 0;
   readonly #queue: Array<() => void> = [];
   readonly #background: Array<() => void> = [];
@@ -81,6 +81,24 @@ export class ConcurrencyLimiter {
       this.#active++;
       this.#background.shift()!();
     }
+  }
+
+  /**
+   * Changes the number of slots (an origin that throttles gets fewer). Operations in flight
+   * finish; waiting ones start as slots free up under the new limit.
+   *
+   * @throws {RangeError} unless `n` is an integer >= 1
+   */
+  setConcurrency(n: number): void {
+    if (!Number.isSafeInteger(n) || n < 1) throw new RangeError(`concurrency must be an integer >= 1, received ${n}`);
+    this.#concurrency = n;
+    this.#reserve = n === 1 ? 0 : Math.max(1, Math.floor(n / 4));
+    this.#dispatch();
+  }
+
+  /** The number of slots now. */
+  get concurrency(): number {
+    return this.#concurrency;
   }
 
   /** In-flight and queued counts. */

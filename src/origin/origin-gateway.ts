@@ -26,6 +26,10 @@ export interface OriginStats {
   readonly metadataHits: number;
   readonly active: number;
   readonly queued: number;
+  /** Origin reads allowed in flight now (halved on throttling, regained one per window). */
+  readonly concurrencyLimit: number;
+  /** Throttled attempts reported by the origin. */
+  readonly throttled: number;
   /** Origin read size now, and what it comes from (remote origins with adaptive parts). */
   readonly partBytes?: number;
   readonly firstByteSeconds?: number;
@@ -70,6 +74,11 @@ export class OriginGateway {
   #errors = 0;
   #metadataHits = 0;
   readonly #sizer: PartSizer | undefined;
+  readonly #maxConcurrency: number;
+  readonly #clock: () => number;
+  #throttled = 0;
+  #lastCut = -Infinity;
+  #sinceRaise = 0;
 
   /**
    * @param origin the origin to wrap
@@ -83,6 +92,9 @@ export class OriginGateway {
       maxQueue: opts.maxQueue,
       what: `origin "${origin.name}"`,
     });
+    this.#maxConcurrency = opts.concurrency;
+    this.#clock = opts.now ?? (() => performance.now());
+    origin.observeThrottling?.(() => this.#onThrottle());
     if (opts.parts && origin.observeReads) {
       const sizer = new PartSizer(opts.parts);
       origin.observeReads((t) => sizer.observe(t));
@@ -141,6 +153,7 @@ export class OriginGateway {
   async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array, opts: { background?: boolean } = {}): Promise<void> {
     await this.#count("read", () => this.origin.read(key, info, offset, dest), opts.background === true);
     this.#bytes += dest.length;
+    this.#onSuccess();
   }
 
   /** Lists objects under a prefix. */
@@ -166,10 +179,35 @@ export class OriginGateway {
       metadataHits: this.#metadataHits,
       active: l.active,
       queued: l.queued,
+      concurrencyLimit: this.#limiter.concurrency,
+      throttled: this.#throttled,
       ...(this.#sizer
         ? (({ partBytes, firstByteSeconds, bytesPerSecond }) => ({ partBytes, firstByteSeconds, streamBytesPerSecond: bytesPerSecond }))(this.#sizer.stats())
         : {}),
     };
+  }
+
+  /**
+   * AIMD, as TCP does with its window: a throttled attempt halves the reads in flight (at most
+   * once a second, so one burst of SlowDowns is one cut), and each window's worth of successful
+   * reads gives one slot back, up to `--origin-concurrency`.
+   */
+  #onThrottle(): void {
+    this.#throttled++;
+    const now = this.#clock();
+    if (now - this.#lastCut < 1000) return;
+    this.#lastCut = now;
+    this.#sinceRaise = 0;
+    this.#limiter.setConcurrency(Math.max(1, Math.floor(this.#limiter.concurrency / 2)));
+  }
+
+  #onSuccess(): void {
+    const limit = this.#limiter.concurrency;
+    if (limit >= this.#maxConcurrency) return;
+    if (++this.#sinceRaise >= limit) {
+      this.#sinceRaise = 0;
+      this.#limiter.setConcurrency(limit + 1);
+    }
   }
 
   async #count<T>(op: "stat" | "read" | "list", fn: () => Promise<T>, background = false): Promise<T> {

@@ -64,6 +64,8 @@ export interface Origin {
    * origins, whose part size adapts to them; see `PartSizer`).
    */
   observeReads?(observer: (t: ReadTiming) => void): void;
+  /** Registers who learns of each throttled attempt (S3 503 SlowDown, 429): the gateway halves its concurrency. */
+  observeThrottling?(observer: () => void): void;
   /** Releases connections and handles. */
   close(): Promise<void>;
 }

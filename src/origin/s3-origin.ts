@@ -103,6 +103,7 @@ export class S3Origin implements Origin {
   #hedgesInFlight = 0;
   readonly #stats = { retries: 0, failedAttempts: 0, timeouts: 0, hedges: 0, hedgeWins: 0 };
   #readObserver: ((t: ReadTiming) => void) | undefined;
+  #throttleObserver: (() => void) | undefined;
 
   /**
    * @param opts bucket, prefix, client settings and fault policy
@@ -189,6 +190,10 @@ export class S3Origin implements Origin {
     this.#readObserver = observer;
   }
 
+  observeThrottling(observer: () => void): void {
+    this.#throttleObserver = observer;
+  }
+
   requestStats(): OriginRequestStats {
     return { ...this.#stats };
   }
@@ -212,6 +217,7 @@ export class S3Origin implements Origin {
       } catch (e) {
         if (signal?.aborted) throw signal.reason;
         failure = classify(e);
+        if (isThrottle(e)) this.#throttleObserver?.();
       }
       if (failure.kind === "not-found") {
         throw new OriginError("OBJECT_NOT_FOUND", `Object "${key}" not found in origin "${this.name}"`, { cause: failure.error });
@@ -422,6 +428,13 @@ const RETRY_CODES = new Set([
   "UND_ERR_SOCKET",
   "ERR_STREAM_PREMATURE_CLOSE",
 ]);
+
+/** Whether a failed attempt was the store asking us to slow down (503 SlowDown, 429, throttling errors). */
+function isThrottle(e: unknown): boolean {
+  const err = e as { name?: string; $metadata?: { httpStatusCode?: number } };
+  const status = err?.$metadata?.httpStatusCode;
+  return status === 503 || status === 429 || /Throttl|SlowDown/.test(err?.name ?? "");
+}
 
 /** Decides what a failed attempt means: not found, changed, retry, or give up. */
 function classify(e: unknown): Failure {

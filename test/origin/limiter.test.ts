@@ -49,3 +49,24 @@ describe("ConcurrencyLimiter", () => {
     expect(order.indexOf("fg1")).toBeLessThan(order.indexOf("bg3"));
   });
 });
+
+describe("ConcurrencyLimiter.setConcurrency", () => {
+  it("lowers the limit for new work without cutting work in flight, and raises it to start waiters", async () => {
+    const l = new ConcurrencyLimiter({ concurrency: 4, maxQueue: 100, what: "test" });
+    const gates: (() => void)[] = [];
+    const op = () => new Promise<void>((r) => gates.push(r));
+    const runs = Array.from({ length: 8 }, () => l.run(op));
+    await Promise.resolve();
+    expect(l.stats()).toMatchObject({ active: 4, queued: 4 });
+    l.setConcurrency(2);
+    gates.splice(0, 3).forEach((g) => g()); // three finish: only one may start (2 - 1 still running)
+    await new Promise((r) => setTimeout(r, 0));
+    expect(l.stats().active).toBe(2);
+    l.setConcurrency(6);
+    await new Promise((r) => setTimeout(r, 0));
+    expect(l.stats()).toMatchObject({ active: 5, queued: 0 });
+    while (gates.length) gates.shift()!();
+    await Promise.all(runs);
+    expect(() => l.setConcurrency(0)).toThrow(/integer >= 1/);
+  });
+});

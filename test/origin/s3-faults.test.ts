@@ -154,6 +154,26 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
     expect(await fixed.metric("rackfeed_origin_part_bytes", { origin: "s3" })).toBe(0); // not exported
   });
 
+  it("halves its reads in flight when the origin throttles, and wins them back once it stops", async () => {
+    const big = patternBytes(64 * 128 * 1024, 14); // 64 blocks of 128 KiB = 256 parts of 32 KiB
+    await put(client, s3.bucket, `${prefix}throttled.bin`, big);
+    let throttling = true;
+    const slow = onceEach((req) => (throttling && isRangedGet(req) ? { kind: "slowdown" } : undefined));
+    const p = await proxy((n, req) => slow(n, req));
+    const rf = await startBehind(p.url, ["--origin-concurrency", "16", "--part-sizing", "fixed", "--origin-hedge", "0", "--origin-retries", "8"]);
+    expect(await rf.metric("rackfeed_origin_concurrency_limit", { origin: "s3" })).toBe(16);
+    await readAndCheck(rf); // every ranged GET answered SlowDown once, then served
+    expect(await rf.metric("rackfeed_origin_throttled_total", { origin: "s3" })).toBe(p.counts.faults.slowdown);
+    const cut = await rf.metric("rackfeed_origin_concurrency_limit", { origin: "s3" });
+    expect(cut).toBeLessThan(16);
+    throttling = false;
+    const res = await fetch(`${rf.url}/v1/objects/s3/throttled.bin`);
+    expectSameBytes(new Uint8Array(await res.arrayBuffer()), big, "throttled.bin");
+    // 256 clean reads give back one slot per window: from 8 to 16 takes 8 + 9 + ... + 15 = 92.
+    expect(await rf.metric("rackfeed_origin_concurrency_limit", { origin: "s3" })).toBeGreaterThan(cut);
+    expect(await rf.metric("rackfeed_origin_concurrency_limit", { origin: "s3" })).toBe(16);
+  });
+
   it("hedges a part much slower than its peers, and the hedge wins", async () => {
     let slowDone = false;
     const p = await proxy((n, req) => {
