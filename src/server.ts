@@ -18,6 +18,7 @@ import { S3Origin } from "./origin/s3-origin.ts";
 import { OriginGateway } from "./origin/origin-gateway.ts";
 import type { Origin } from "./origin/origin.ts";
 import type { MapFile } from "./shm/ring-file.ts";
+import { SHM_PROTOCOL_VERSION } from "./shm/protocol.ts";
 import { ShmServer } from "./shm/shm-server.ts";
 
 /** A built server: the app to serve and how to shut it down. */
@@ -195,7 +196,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     prefetch,
     batchStats,
     status,
-    shm: () => (shm ? { socket: socketPath!, instance, protocol: 1 } : config.shmDir !== undefined && !shmFailed ? "starting" : undefined),
+    shm: () => (shm ? { socket: shm.socketPath, instance, protocol: SHM_PROTOCOL_VERSION } : config.shmDir !== undefined && !shmFailed ? "starting" : undefined),
     wrapBody: env.wrapBody ?? ((b: Uint8Array) => b as Uint8Array<ArrayBuffer>),
     readToken: config.readToken,
     adminToken: config.adminToken,
@@ -203,7 +204,6 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     now: env.now,
     log: env.log,
   });
-  let socketPath: string | undefined;
   let shmFailed = false;
   return {
     app,
@@ -216,7 +216,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     batchStats,
     async startShm(port) {
       if (config.shmDir === undefined || shm) return shm;
-      socketPath = config.shmSocket ?? `${config.shmDir}/rackfeed-${port}.sock`;
+      const socketPath = config.shmSocket ?? `${config.shmDir}/rackfeed-${port}.sock`;
       // sockaddr_un holds 108 bytes with its terminating NUL.
       if (new TextEncoder().encode(socketPath).length > 107) {
         shmFailed = true;
@@ -234,7 +234,6 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
           onBatch: (s, c) => metrics!.batchSeconds.observe({ cache: c }, s),
           maxBatchBytes: config.maxBatchBytes,
           slots: config.shmSlots,
-          maxSlots: 64,
           budgetBytes: config.shmBytes,
           readToken: config.readToken,
           instance,

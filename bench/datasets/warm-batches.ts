@@ -26,6 +26,7 @@ import { Agent } from "node:http";
 import { join } from "node:path";
 import { buildTokenDataset, parseDatasetConfig, parseIndex, PIECE_STRIDE } from "../../src/dataset/mod.ts";
 import { type ChildServer, DENO, NODE, NODE_TS, startChild } from "../../test/helpers/spawn.ts";
+import { runShmClient } from "../shm/run-client.ts";
 import {
   type BenchDataset,
   DATASETS,
@@ -134,17 +135,11 @@ async function httpRun(base: string, name: string, conc: number, bodyBytes: numb
 
 /** The same steps over the shared-memory path, with a Deno (mapped ring) or Node (pread) SDK client; checks every batch's sha256 against numpy's. */
 function shmRun(client: "deno" | "node", base: string, name: string, hashes: string[]): Result {
-  const script = join(ROOT, "bench/shm/client.ts");
-  const argv = [base, name, String(MICRO_BATCH), String(STEPS), String(PASSES), "--hash"];
-  const p = client === "deno"
-    ? spawnSync(DENO, ["run", "-A", script, ...argv], { encoding: "utf8", timeout: 300_000 })
-    : spawnSync(NODE, [...NODE_TS, script, ...argv], { encoding: "utf8", timeout: 300_000 });
-  if (p.status !== 0) throw new Error(`shm client (${client}) failed: ${p.stderr}`);
-  const j = JSON.parse(p.stdout.trim().split("\n").pop()!);
+  const j = runShmClient(client, [base, name, String(MICRO_BATCH), String(STEPS), String(PASSES), "--hash"]);
   for (let s = 0; s < STEPS; s++) {
-    if (j.hashes[s] !== hashes[s]) throw new Error(`${base} ${name} step ${s} over shm (${client} client) differs from numpy's gather`);
+    if (j.hashes![s] !== hashes[s]) throw new Error(`${base} ${name} step ${s} over shm (${client} client) differs from numpy's gather`);
   }
-  return { batchesPerS: j.batches / j.seconds, lat: sortedCopy(j.lat), misses: 0 };
+  return { batchesPerS: j.batches / j.seconds, lat: sortedCopy(j.lat!), misses: 0 };
 }
 
 async function startServer(rt: "deno" | "node"): Promise<ChildServer> {

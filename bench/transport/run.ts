@@ -7,11 +7,11 @@
 
 import * as http from "node:http";
 import * as http2 from "node:http2";
-import { spawnSync } from "node:child_process";
 import { writeFile } from "node:fs/promises";
 import { writeFileSync } from "node:fs";
 import { execFileSync } from "node:child_process";
 import { makeWorkspace } from "../../test/helpers/rackfeed.ts";
+import { runShmClient } from "../shm/run-client.ts";
 import { DENO, NODE, NODE_TS, ROOT, startChild } from "../../test/helpers/spawn.ts";
 import { syntheticDataset } from "../../test/helpers/token-data.ts";
 
@@ -22,18 +22,10 @@ const PASSES = Number(process.env.BENCH_PASSES ?? 8);
 const SIZES = [{ mb: 128, steps: 150 }, { mb: 1024, steps: 18 }] as const;
 const LAT_MB = 8;
 
-interface ShmFigures {
-  batches: number;
-  seconds: number;
-  bytes: number;
-  p50: number;
-  p99: number;
-}
-
 /** GB/s of wrk (HTTP/1.1, 4 connections) over the given paths. */
 function wrkGBs(url: string, paths: string[], dir: string): number {
   const lua = `${dir}/paths.lua`;
-  writeText(lua, `local paths = {${paths.map((p) => JSON.stringify(p)).join(",")}}\nlocal i = 0\nrequest = function()\n  i = i % #paths + 1\n  return wrk.format("GET", paths[i])\nend\n`);
+  writeFileSync(lua, `local paths = {${paths.map((p) => JSON.stringify(p)).join(",")}}\nlocal i = 0\nrequest = function()\n  i = i % #paths + 1\n  return wrk.format("GET", paths[i])\nend\n`);
   const out = execFileSync("wrk", ["-t1", "-c4", `-d${SECONDS}s`, "-s", lua, url], { encoding: "utf8" });
   return parseWrkBytes(out);
 }
@@ -41,32 +33,23 @@ function wrkGBs(url: string, paths: string[], dir: string): number {
 /** GB/s of h2load (h2c prior knowledge, 1 connection, 4 streams) over the given paths. */
 function h2loadGBs(url: string, paths: string[], dir: string): number {
   const list = `${dir}/paths.txt`;
-  writeText(list, paths.map((p) => `${url}${p}`).join("\n") + "\n");
+  writeFileSync(list, paths.map((p) => `${url}${p}`).join("\n") + "\n");
   const out = execFileSync("h2load", ["-c1", "-m4", "-D", String(SECONDS), "-i", list], { encoding: "utf8" });
   const m = /finished in [\d.]+m?s, [\d.]+ req\/s, ([\d.]+)([KMG]?B)\/s/.exec(out);
   const r = /(\d+) succeeded, (\d+) failed, (\d+) errored/.exec(out);
   if (!m || !r || r[2] !== "0" || r[3] !== "0" || r[1] === "0") throw new Error(`h2load failed or errored:\n${out}`);
-  return (Number(m[1]) * { B: 1, KB: 1024, MB: 1024 ** 2, GB: 1024 ** 3 }[m[2] as "B"]) / 1e9;
+  return gigabytes(m[1], m[2]);
+}
+
+/** GB (1e9) in a load generator's "12.3MB" (binary units). */
+function gigabytes(value: string, unit: string): number {
+  return (Number(value) * { B: 1, KB: 1024, MB: 1024 ** 2, GB: 1024 ** 3 }[unit as "B"]) / 1e9;
 }
 
 function parseWrkBytes(out: string): number {
   const m = /Transfer\/sec:\s+([\d.]+)([KMG]?B)/.exec(out);
   if (!m || /Non-2xx|Socket errors/.test(out)) throw new Error(`wrk failed or saw errors:\n${out}`);
-  return (Number(m[1]) * { B: 1, KB: 1024, MB: 1024 ** 2, GB: 1024 ** 3 }[m[2] as "B"]) / 1e9;
-}
-
-function writeText(path: string, text: string): void {
-  writeFileSync(path, text);
-}
-
-function shmClient(client: "deno" | "node", url: string, mb: number, steps: number, passes: number): ShmFigures {
-  const script = `${ROOT}bench/shm/client.ts`;
-  const argv = [url, "d", String(mb), String(steps), String(passes)];
-  const p = client === "deno"
-    ? spawnSync(DENO, ["run", "-A", script, ...argv], { encoding: "utf8", timeout: 300_000 })
-    : spawnSync(NODE, [...NODE_TS, script, ...argv], { encoding: "utf8", timeout: 300_000 });
-  if (p.status !== 0) throw new Error(`shm client (${client}) failed: ${p.stderr}`);
-  return JSON.parse(p.stdout.trim().split("\n").pop()!);
+  return gigabytes(m[1], m[2]);
 }
 
 function memcpyGBs(bytes: number): number {
@@ -171,10 +154,10 @@ try {
       }
       for (const client of ["deno", "node"] as const) {
         const gbs = SIZES.map(({ mb, steps }) => {
-          const f = shmClient(client, server.url, mb, steps, PASSES);
+          const f = runShmClient(client, [server.url, "d", String(mb), String(steps), String(PASSES)]);
           return f.bytes / f.seconds / 1e9;
         });
-        const lat = shmClient(client, server.url, LAT_MB, 200, 3);
+        const lat = runShmClient(client, [server.url, "d", String(LAT_MB), "200", "3"]);
         row(name, `shm, ${client} client (${client === "deno" ? "mapped" : "pread"}); latency = t_wait`, gbs[0], gbs[1], lat.p50 * 1000, lat.p99 * 1000);
       }
     } catch (e) {

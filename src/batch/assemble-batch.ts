@@ -190,6 +190,14 @@ export async function assembleSamples(
   };
 }
 
+/**
+ * Whether a batch's blocks were all in memory (`hit`), some still arriving from a fill already
+ * started, usually by read-ahead running late (`filling`), or some fetched for it (`miss`).
+ */
+export function cacheState(batch: AssembledBatch): "hit" | "filling" | "miss" {
+  return batch.blocksMissing > 0 ? "miss" : batch.blocksFilling > 0 ? "filling" : "hit";
+}
+
 /** Mixed-dtype blends are served as int32: widen token by token (only this case leaves the byte copy). */
 function widenInto(view: DataView, dst: number, block: Uint8Array, from: number, to: number, dtype: TokenDtype): number {
   const src = new DataView(block.buffer, block.byteOffset, block.byteLength);

@@ -130,6 +130,13 @@ export class BlockCache {
     let depth = this.#readAhead;
     let warmed = first; // highest block index whose fill this stream has started or found
     for (let index = first; index <= last; index++) {
+      const got = this.#lookup(gw, key, info, index, false);
+      if (!(got instanceof Uint8Array) && index > first && index <= warmed && got.filled < got.length && depth < this.#maxReadAhead) {
+        // The reader caught up with read-ahead: fills take longer than consuming a block, so
+        // keep more of them in flight (the slow-start of a TCP window, bounded).
+        depth = Math.min(this.#maxReadAhead, depth * 2);
+        this.#streamStalls++;
+      }
       for (let ahead = Math.max(warmed, index) + 1; ahead <= Math.min(last, index + depth); ahead++) {
         this.#lookup(gw, key, info, ahead, true);
         warmed = ahead;
@@ -137,17 +144,6 @@ export class BlockCache {
       const blockStart = index * this.#blockBytes;
       const from = Math.max(start, blockStart) - blockStart;
       const to = Math.min(end, blockStart + this.#blockBytes) - blockStart;
-      const got = this.#lookup(gw, key, info, index, false);
-      if (!(got instanceof Uint8Array) && index <= warmed && index > first && got.filled < got.length && depth < this.#maxReadAhead) {
-        // The reader caught up with read-ahead: fills take longer than consuming a block, so
-        // keep more of them in flight (the slow-start of a TCP window, bounded).
-        depth = Math.min(this.#maxReadAhead, depth * 2 || 1);
-        this.#streamStalls++;
-        for (let ahead = warmed + 1; ahead <= Math.min(last, index + depth); ahead++) {
-          this.#lookup(gw, key, info, ahead, true);
-          warmed = ahead;
-        }
-      }
       if (got instanceof Uint8Array) {
         yield got.subarray(from, to);
         continue;

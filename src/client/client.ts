@@ -7,6 +7,7 @@
  * to a co-located server by itself.
  */
 
+import { MAX_RING_SLOTS } from "../shm/protocol.ts";
 import { type LocalTransport, ShmError, shmBatches, shmInstance, type SlotBatch } from "./shm-consumer.ts";
 
 /** Options of `RackfeedClient`. */
@@ -95,9 +96,6 @@ const TYPED: Record<string, new (b: ArrayBuffer) => TokenBatch["tokens"]> = {
 };
 
 const TRANSIENT = new Set([429, 502, 503, 504]);
-
-/** Largest ring a server grants (see the README's protocol table). */
-const MAX_SHM_SLOTS = 64;
 
 /**
  * A client of one rackfeed server.
@@ -229,7 +227,7 @@ export class RackfeedClient {
         microBatch: c.microBatch,
         startStep: step,
         endStep: end,
-        slots: Math.min(depth + 1, MAX_SHM_SLOTS),
+        slots: Math.min(depth + 1, MAX_RING_SLOTS),
       });
       try {
         for (;;) {
@@ -402,10 +400,9 @@ export class RackfeedClient {
 function slotTokens(b: SlotBatch): TokenBatch {
   const Typed = TYPED[b.dtype];
   if (!Typed) throw new RackfeedError(0, "BAD_RESPONSE", `Unknown dtype "${b.dtype}" from the shm path`);
-  const T = Typed as unknown as new (buf: ArrayBufferLike, offset: number, length: number) => TokenBatch["tokens"];
-  const item = b.dtype === "int64" || b.dtype === "float64" ? 8 : b.dtype.endsWith("32") ? 4 : b.dtype.endsWith("16") ? 2 : 1;
+  const T = Typed as unknown as { new (buf: ArrayBufferLike, offset: number, length: number): TokenBatch["tokens"]; BYTES_PER_ELEMENT: number };
   return {
-    tokens: new T(b.bytes.buffer, b.bytes.byteOffset, b.bytes.length / item),
+    tokens: new T(b.bytes.buffer, b.bytes.byteOffset, b.bytes.length / T.BYTES_PER_ELEMENT),
     dtype: b.dtype,
     shape: b.shape,
     firstSample: b.firstSample,

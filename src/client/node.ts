@@ -44,6 +44,7 @@ export function connectUnix(path: string): Promise<LocalSocket> {
   return new Promise((resolve, reject) => {
     const s = net.connect(path);
     const chunks: Uint8Array[] = [];
+    let connected = false;
     let ended = false;
     let waiter: (() => void) | undefined;
     s.on("data", (d: Uint8Array) => {
@@ -61,7 +62,6 @@ export function connectUnix(path: string): Promise<LocalSocket> {
       if (!connected) reject(e);
       finish();
     });
-    let connected = false;
     s.once("connect", () => {
       connected = true;
       resolve({

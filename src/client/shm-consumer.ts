@@ -29,7 +29,7 @@ export interface LocalSocket {
 export interface RingReader {
   /** The whole file mapped read-only, when the runtime can map files (zero-copy batches). */
   readonly mapped: Uint8Array | undefined;
-  /** Copies `into.length` bytes at `offset` into `into` (the path without a mapping). */
+  /** Copies `into.length` bytes at `offset` into `into` (slot headers; whole batches without a mapping). */
   read(offset: number, into: Uint8Array): void;
   close(): void;
 }
@@ -134,7 +134,7 @@ export async function* shmBatches(
     if (r.t !== "ring") throw new ShmError(0, "BAD_RESPONSE", `Expected "ring", got "${String(r.t)}"`);
     ring = transport.openRing(String(r.path), Number(r.fileBytes));
     const header = new Uint8Array(RING_HEADER_BYTES);
-    readAt(ring, 0, header);
+    ring.read(0, header);
     const layout = decodeRingHeader(header);
     if (layout.slots !== r.slots || layout.slotBytes !== r.slotBytes || layout.dataOffset !== r.dataOffset) {
       throw new ShmError(0, "BAD_RESPONSE", `Ring ${String(r.path)} does not match what the server announced`);
@@ -153,7 +153,7 @@ export async function* shmBatches(
       if (m.step !== expectStep || slot >= layout.slots || length > layout.slotBytes) {
         throw new ShmError(0, "BAD_RESPONSE", `Batch notice out of order or out of bounds: step ${String(m.step)}, slot ${slot}, ${length} bytes`);
       }
-      readAt(ring, slotHeaderOffset(slot), slotHeader);
+      ring.read(slotHeaderOffset(slot), slotHeader);
       const h = decodeSlotHeader(slotHeader);
       // The header is written after the data: a generation other than the notice's is a stale or
       // torn slot, never to be read as this batch.
@@ -186,11 +186,6 @@ async function connect(transport: LocalTransport, socketPath: string): Promise<L
   } catch (e) {
     throw new ShmError(0, "UNAVAILABLE", `Cannot connect to ${socketPath}: ${(e as Error).message}`);
   }
-}
-
-function readAt(ring: RingReader, offset: number, into: Uint8Array): void {
-  if (ring.mapped) into.set(ring.mapped.subarray(offset, offset + into.length));
-  else ring.read(offset, into);
 }
 
 /** Connects and greets only: the server instance behind a socket (used to tell co-location). */

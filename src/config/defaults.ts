@@ -4,6 +4,7 @@
  * from it (`npm run docs:config`), so a default is written down exactly once.
  */
 
+import { MAX_RING_SLOTS } from "../shm/protocol.ts";
 import { parseDuration, parseSize } from "./size.ts";
 
 /** How a raw flag, environment or config-file value becomes a typed one. */
@@ -314,7 +315,7 @@ export const TUNABLES = {
     flag: "--shm-slots",
     env: "RACKFEED_SHM_SLOTS",
     default: "4",
-    parse: intIn(1, 64),
+    parse: intIn(1, MAX_RING_SLOTS),
     doc: "Slots per shm ring when the client asks for none: batches filled ahead of the trainer",
   } as Tunable<number>,
   shmBytes: {

@@ -165,6 +165,7 @@ export class OriginGateway {
   stats(): OriginStats {
     const l = this.#limiter.stats();
     const r = this.origin.requestStats?.();
+    const parts = this.#sizer?.stats();
     return {
       name: this.origin.name,
       requests: { ...this.#requests },
@@ -181,9 +182,7 @@ export class OriginGateway {
       queued: l.queued,
       concurrencyLimit: this.#limiter.concurrency,
       throttled: this.#throttled,
-      ...(this.#sizer
-        ? (({ partBytes, firstByteSeconds, bytesPerSecond }) => ({ partBytes, firstByteSeconds, streamBytesPerSecond: bytesPerSecond }))(this.#sizer.stats())
-        : {}),
+      ...(parts ? { partBytes: parts.partBytes, firstByteSeconds: parts.firstByteSeconds, streamBytesPerSecond: parts.bytesPerSecond } : {}),
     };
   }
 

@@ -10,20 +10,17 @@ const MAP_SHARED = 1;
 const O_RDONLY = 0;
 const O_RDWR = 2;
 
-let libc: Deno.DynamicLibrary<{
-  open: { parameters: ["buffer", "i32", "i32"]; result: "i32" };
-  close: { parameters: ["i32"]; result: "i32" };
-  mmap: { parameters: ["pointer", "usize", "i32", "i32", "i32", "i64"]; result: "pointer" };
-  munmap: { parameters: ["pointer", "usize"]; result: "i32" };
-}> | undefined;
+const LIBC_SYMBOLS = {
+  open: { parameters: ["buffer", "i32", "i32"], result: "i32" },
+  close: { parameters: ["i32"], result: "i32" },
+  mmap: { parameters: ["pointer", "usize", "i32", "i32", "i32", "i64"], result: "pointer" },
+  munmap: { parameters: ["pointer", "usize"], result: "i32" },
+} as const;
+
+let libc: Deno.DynamicLibrary<typeof LIBC_SYMBOLS> | undefined;
 
 function lib() {
-  libc ??= Deno.dlopen("libc.so.6", {
-    open: { parameters: ["buffer", "i32", "i32"], result: "i32" },
-    close: { parameters: ["i32"], result: "i32" },
-    mmap: { parameters: ["pointer", "usize", "i32", "i32", "i32", "i64"], result: "pointer" },
-    munmap: { parameters: ["pointer", "usize"], result: "i32" },
-  });
+  libc ??= Deno.dlopen("libc.so.6", LIBC_SYMBOLS);
   return libc;
 }
 

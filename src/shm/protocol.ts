@@ -9,6 +9,9 @@ import { pack, unpack } from "msgpackr";
 /** Protocol version sent in `hello` and checked by both ends. */
 export const SHM_PROTOCOL_VERSION = 1;
 
+/** Largest ring a client may ask for (`slots` in `open`). */
+export const MAX_RING_SLOTS = 64;
+
 /** Largest control frame either end accepts: control messages are tiny, batches travel in the ring. */
 export const MAX_FRAME_BYTES = 64 * 1024;
 

@@ -117,8 +117,9 @@ export function removeDeadRings(dir: string, isAlive: (pid: number) => boolean):
   } catch {
     return removed;
   }
+  const ringName = new RegExp(`^${RING_PREFIX}(\\d+)-.*\\.ring$`);
   for (const name of names) {
-    const m = new RegExp(`^${RING_PREFIX}(\\d+)-.*\\.ring$`).exec(name);
+    const m = ringName.exec(name);
     if (!m || isAlive(Number(m[1]))) continue;
     fs.rmSync(`${dir}/${name}`, { force: true });
     removed.push(name);

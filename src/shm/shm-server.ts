@@ -8,7 +8,7 @@
 
 import * as fs from "node:fs";
 import * as net from "node:net";
-import { assembleSamples, ITEM_SIZE } from "../batch/assemble-batch.ts";
+import { assembleSamples, cacheState, ITEM_SIZE } from "../batch/assemble-batch.ts";
 import type { BatchStats } from "../batch/batch-stats.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../batch/dataset-catalog.ts";
 import { type ReadAhead, stepSamples } from "../batch/read-ahead.ts";
@@ -17,7 +17,7 @@ import { isCacheServerError } from "../errors.ts";
 import { STATUS_OF } from "../http/error-handler.ts";
 import { constantTimeEqual } from "../http/middleware/bearer-auth.ts";
 import type { ServedBytes } from "../http/served-bytes.ts";
-import { encodeFrame, FrameDecoder, ringLayout, type ServerMessage, SHM_PROTOCOL_VERSION, ShmProtocolError } from "./protocol.ts";
+import { encodeFrame, FrameDecoder, MAX_RING_SLOTS, ringLayout, type ServerMessage, SHM_PROTOCOL_VERSION, ShmProtocolError } from "./protocol.ts";
 import { type MapFile, removeDeadRings, RING_PREFIX, RingFile, RingSpaceError } from "./ring-file.ts";
 
 /** Connections on the control socket at once; more are refused by the kernel's accept queue. */
@@ -38,8 +38,6 @@ export interface ShmServerOptions {
   readonly maxBatchBytes: number;
   /** Default ring size when the client names none. */
   readonly slots: number;
-  /** Largest ring size a client may ask for. */
-  readonly maxSlots: number;
   /** Bytes of all ring files together. */
   readonly budgetBytes: number;
   readonly readToken: string | undefined;
@@ -269,7 +267,7 @@ class ShmConnection {
     const rank = int(m, "rank", 0, world - 1);
     const microBatch = int(m, "microBatch", 1, 1 << 20);
     const startStep = int(m, "startStep", 0, Number.MAX_SAFE_INTEGER);
-    const slots = m.slots === undefined ? this.#o.slots : int(m, "slots", 1, this.#o.maxSlots);
+    const slots = m.slots === undefined ? this.#o.slots : int(m, "slots", 1, MAX_RING_SLOTS);
     if (typeof m.dataset !== "string") throw new ShmProtocolError('"dataset" must be a string');
     const reg = await this.#o.catalog.get(m.dataset);
     if (this.#closed) return; // the peer left while the catalog answered: make no ring
@@ -341,7 +339,7 @@ class ShmConnection {
       ring.publish(slot, batch.body, { generation, length: batch.body.length, step, firstSample: first });
       this.#held.set(slot, generation);
       const seconds = (this.#o.now() - t0) / 1000;
-      const cache = batch.blocksMissing > 0 ? "miss" : batch.blocksFilling > 0 ? "filling" : "hit";
+      const cache = cacheState(batch);
       this.#send({ t: "batch", slot, generation, step, length: batch.body.length, firstSample: first, cache });
       this.#o.served.add("shm", batch.body.length);
       this.#o.onBatch(seconds, cache);

@@ -6,7 +6,7 @@ import { MemoryTier } from "../../src/cache/memory-tier.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import { OriginGateway } from "../../src/origin/origin-gateway.ts";
 import type { ObjectInfo, Origin } from "../../src/origin/origin.ts";
-import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 
 const KiB = 1024;
 
@@ -59,7 +59,7 @@ describe("single-flight fills", () => {
     });
     const all = Array.from({ length: 100 }, () => fetch(`${rf.url}/v1/objects/data/one-block.bin`).then(bytesOf));
     // Let every request reach the cache while the one fill is held at the origin.
-    await waitUntil(async () => (await rf.metric("rackfeed_cache_coalesced_total")) >= 99);
+    await waitFor(async () => (await rf.metric("rackfeed_cache_coalesced_total")) >= 99, "99 coalesced lookups", 5000);
     origin.release();
     for (const got of await Promise.all(all)) expectSameBytes(got, body);
     expect(origin.reads).toBe(1);
@@ -227,14 +227,6 @@ async function blockFiles(cacheDir: string): Promise<string[]> {
     for (const f of await readdir(join(cacheDir, "blocks", sub))) out.push(join(cacheDir, "blocks", sub, f));
   }
   return out.sort();
-}
-
-async function waitUntil(cond: () => Promise<boolean>, ms = 5000): Promise<void> {
-  const t0 = Date.now();
-  while (!(await cond())) {
-    if (Date.now() - t0 > ms) throw new Error(`condition not met within ${ms} ms`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
 }
 
 /** An fs origin whose every read takes `delayMs` (a distant origin), counting reads in flight. */

@@ -1,29 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { TUNABLES } from "../../src/config/defaults.ts";
-import { ConfigError, loadConfig } from "../../src/config/load.ts";
+import { errorOf, load } from "../helpers/config.ts";
 import { formatBytes, parseDuration, parseSize } from "../../src/config/size.ts";
-
-function load(args: string[], env: Record<string, string> = {}, files: Record<string, string> = {}) {
-  return loadConfig({
-    args,
-    env,
-    cwd: "/srv",
-    readTextFile: (p) => {
-      if (!(p in files)) throw new Error(`ENOENT: no such file, open '${p}'`);
-      return files[p];
-    },
-  });
-}
-
-function errorOf(fn: () => unknown): ConfigError {
-  try {
-    fn();
-  } catch (e) {
-    expect(e).toBeInstanceOf(ConfigError);
-    return e as ConfigError;
-  }
-  throw new Error("expected a ConfigError, but nothing was thrown");
-}
 
 describe("sizes and durations", () => {
   it("parses sizes with binary and decimal units", () => {

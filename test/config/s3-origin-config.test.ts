@@ -1,27 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { ConfigError, loadConfig } from "../../src/config/load.ts";
-
-function load(args: string[], env: Record<string, string> = {}, files: Record<string, string> = {}) {
-  return loadConfig({
-    args,
-    env,
-    cwd: "/srv",
-    readTextFile: (p) => {
-      if (!(p in files)) throw new Error(`ENOENT: no such file, open '${p}'`);
-      return files[p];
-    },
-  });
-}
-
-function errorOf(fn: () => unknown): ConfigError {
-  try {
-    fn();
-  } catch (e) {
-    expect(e).toBeInstanceOf(ConfigError);
-    return e as ConfigError;
-  }
-  throw new Error("expected a ConfigError, but nothing was thrown");
-}
+import { errorOf, load } from "../helpers/config.ts";
 
 describe("loadConfig s3:// origins", () => {
   it("parses bucket and prefix, treating the prefix as a folder", () => {

@@ -2,7 +2,7 @@
 
 import { readFileSync } from "node:fs";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
-import { connect } from "node:net";
+import { connect, createServer as netServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { loadConfig } from "../../src/config/load.ts";
@@ -149,3 +149,22 @@ export function rawGet(url: string, target: string): Promise<{ status: number; t
   });
 }
 
+
+/** A TCP port free on 127.0.0.1 right now (for a server that must come back on the same port). */
+export function freePort(): Promise<number> {
+  return new Promise((resolve) => {
+    const s = netServer().listen(0, "127.0.0.1", () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+/** Polls `cond` every 10 ms until it holds; throws naming `what` after `timeoutMs`. */
+export async function waitFor(cond: () => Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
+  const t0 = Date.now();
+  while (!(await cond())) {
+    if (Date.now() - t0 > timeoutMs) throw new Error(`Timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}

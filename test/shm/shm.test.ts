@@ -1,7 +1,6 @@
 import { execFileSync, spawn } from "node:child_process";
 import { existsSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
 import { writeFile } from "node:fs/promises";
-import { createServer as netServer } from "node:net";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient } from "../../src/client/mod.ts";
@@ -10,7 +9,7 @@ import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import type { Origin } from "../../src/origin/origin.ts";
 import { encodeFrame, FrameDecoder } from "../../src/shm/protocol.ts";
 import { ShmStartupError } from "../../src/server.ts";
-import { expectSameBytes, makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { NODE, NODE_TS, ROOT } from "../helpers/spawn.ts";
 import { syntheticDataset } from "../helpers/token-data.ts";
 
@@ -332,23 +331,6 @@ async function leaveStaleSocket(path: string): Promise<void> {
   child.kill("SIGKILL");
   await new Promise((r) => child.once("exit", r));
   expect(existsSync(path)).toBe(true);
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = netServer().listen(0, "127.0.0.1", () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-async function waitFor(cond: () => Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
-  const t0 = Date.now();
-  while (!(await cond())) {
-    if (Date.now() - t0 > timeoutMs) throw new Error(`Timed out waiting for ${what}`);
-    await sleep(20);
-  }
 }
 
 function sleep(ms: number): Promise<void> {

@@ -2,7 +2,7 @@
 
 import type { Context, Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { assembleSamples } from "../../batch/assemble-batch.ts";
+import { assembleSamples, cacheState } from "../../batch/assemble-batch.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../../batch/dataset-catalog.ts";
 import type { BatchStats } from "../../batch/batch-stats.ts";
 import { type ReadAhead, stepSamples } from "../../batch/read-ahead.ts";
@@ -126,7 +126,7 @@ async function batchResponse(
 ): Promise<Response> {
   const t0 = deps.now();
   const batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, deps.now);
-  const state = batch.blocksMissing > 0 ? "miss" : batch.blocksFilling > 0 ? "filling" : "hit";
+  const state = cacheState(batch);
   const seconds = (deps.now() - t0) / 1000;
   deps.onBatch(seconds, state);
   deps.stats.record(reg.name, request, batch, seconds);
@@ -136,9 +136,7 @@ async function batchResponse(
     "x-rackfeed-dtype": batch.dtype,
     "x-rackfeed-shape": `${batch.shape[0]},${batch.shape[1]}`,
     "x-rackfeed-first-sample": String(first),
-    // hit: every block was in memory; filling: some were still arriving from a fill already
-    // started (read-ahead running late); miss: some had to be fetched for this request.
-    "x-rackfeed-cache": state,
+    "x-rackfeed-cache": state, // see cacheState()
   });
 }
 
