@@ -7,6 +7,7 @@
  * to a co-located server by itself.
  */
 
+import { backoffDelay } from "../origin/retry.ts";
 import { MAX_RING_SLOTS } from "../shm/protocol.ts";
 import { type LocalTransport, ShmError, shmBatches, shmInstance, type SlotBatch } from "./shm-consumer.ts";
 
@@ -253,7 +254,7 @@ export class RackfeedClient {
         if (attempt >= this.#retries) throw new RackfeedError(e.status, "UNAVAILABLE", `Shared-memory path failed after ${attempt + 1} attempts: ${e.message}`);
         this.#shmRoute = undefined; // a restarted server has a new instance (and maybe socket)
         this.#retried++;
-        await this.#sleep(Math.random() * Math.min(this.#maxBackoff, this.#backoff * 2 ** attempt++));
+        await this.#sleep(this.#backoffMs(attempt++));
       } finally {
         await it.return();
       }
@@ -340,6 +341,11 @@ export class RackfeedClient {
     await this.flush();
   }
 
+  /** Full-jitter backoff before retry `attempt` (the origins' policy, `backoffDelay`). */
+  #backoffMs(attempt: number): number {
+    return backoffDelay(attempt, { retries: this.#retries, baseMs: this.#backoff, capMs: this.#maxBackoff }, Math.random);
+  }
+
   #record(id: string, t: StepTimings): void {
     const p = this.#pending.get(id)!;
     p.steps.set(t.step, { ...p.steps.get(t.step), ...t });
@@ -390,9 +396,8 @@ export class RackfeedClient {
       }
       await res?.body?.cancel();
       const retryAfter = Number(res?.headers.get("retry-after"));
-      const cap = Math.min(this.#maxBackoff, this.#backoff * 2 ** attempt);
       this.#retried++;
-      await this.#sleep(Number.isFinite(retryAfter) && retryAfter > 0 ? Math.min(retryAfter * 1000, this.#maxBackoff) : Math.random() * cap);
+      await this.#sleep(Number.isFinite(retryAfter) && retryAfter > 0 ? Math.min(retryAfter * 1000, this.#maxBackoff) : this.#backoffMs(attempt));
     }
   }
 }
