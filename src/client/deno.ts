@@ -6,7 +6,7 @@
  */
 
 import { canMapDeno, mapFileDeno } from "../runtime/mmap-deno.ts";
-import { connectUnix, localTransport as readingTransport } from "./node.ts";
+import { connectUnix, localTransport as readingTransport, STORES_IN_ORDER } from "./node.ts";
 import type { LocalTransport, RingReader } from "./shm-consumer.ts";
 
 // A mapping is released when the last view of it is garbage: the caller may keep a batch's
@@ -26,6 +26,7 @@ export function localTransport(): LocalTransport {
   if (!canMapDeno()) return readingTransport();
   return {
     connect: connectUnix,
+    pollSlots: STORES_IN_ORDER,
     openRing(path: string, bytes: number): RingReader {
       const m = mapFileDeno(path, bytes, false);
       unmapWhenCollected.register(m.bytes.buffer, m.unmap);

@@ -6,6 +6,7 @@
 
 import * as fs from "node:fs";
 import * as net from "node:net";
+import { arch } from "node:os";
 import { Agent, fetch as undiciFetch } from "undici";
 import type { LocalSocket, LocalTransport, RingReader } from "./shm-consumer.ts";
 
@@ -36,8 +37,14 @@ export function http2Fetch(opts: { ca?: string; connections?: number } = {}): ty
  * ```
  */
 export function localTransport(): LocalTransport {
-  return { connect: connectUnix, openRing: readRing };
+  return { connect: connectUnix, openRing: readRing, pollSlots: STORES_IN_ORDER };
 }
+
+/**
+ * x86-64 keeps stores in order between cores (TSO): a slot header whose generation is new is
+ * only seen after the batch it describes. Elsewhere the client waits for a notice per batch.
+ */
+export const STORES_IN_ORDER = arch() === "x64";
 
 /** Connects to a Unix socket, returning chunks through `read()` with the socket paused between reads (backpressure). */
 export function connectUnix(path: string): Promise<LocalSocket> {

@@ -8,6 +8,7 @@
 import {
   type ClientMessage,
   decodeRingHeader,
+  concatFrames,
   decodeSlotHeader,
   encodeFrame,
   FrameDecoder,
@@ -15,6 +16,7 @@ import {
   SHM_PROTOCOL_VERSION,
   SLOT_HEADER_BYTES,
   slotHeaderOffset,
+  slotOfStep,
 } from "../shm/protocol.ts";
 
 /** A connected Unix socket, as the SDK needs it. */
@@ -38,6 +40,12 @@ export interface RingReader {
 export interface LocalTransport {
   connect(socketPath: string): Promise<LocalSocket>;
   openRing(path: string, bytes: number): RingReader;
+  /**
+   * Whether this host sees another process's stores in the order they were made (x86-64), so a
+   * slot whose header shows the expected generation holds the whole batch: the client then
+   * polls the ring instead of waiting for a notice per batch.
+   */
+  readonly pollSlots?: boolean;
 }
 
 /** A batch in a ring slot: `bytes` is valid until the caller asks for the next batch. */
@@ -120,8 +128,10 @@ export async function* shmBatches(
     if (instance !== undefined && got !== instance) {
       throw new ShmError(0, "NOT_COLOCATED", `Socket ${socketPath} leads to server ${got}, not ${instance}`);
     }
+    const poll = transport.pollSlots === true;
     send(socket, {
       t: "open",
+      notify: poll ? "wait" : "all",
       dataset: c.dataset,
       rank: c.rank,
       world: c.world,
@@ -140,36 +150,61 @@ export async function* shmBatches(
       throw new ShmError(0, "BAD_RESPONSE", `Ring ${String(r.path)} does not match what the server announced`);
     }
     const shape = [Number(r.rows), Number(r.cols)] as const;
-    const slotHeader = new Uint8Array(SLOT_HEADER_BYTES);
+    let endStep = Number(r.endStep);
+    let ended = false;
+    const mapped = ring.mapped ? new DataView(ring.mapped.buffer, ring.mapped.byteOffset, ring.mapped.byteLength) : undefined;
+    const headerCopy = new Uint8Array(SLOT_HEADER_BYTES);
+    const headerView = new DataView(headerCopy.buffer);
+    const readHeader = (slot: number) => {
+      if (mapped) return decodeSlotHeader(mapped, slotHeaderOffset(slot));
+      ring!.read(slotHeaderOffset(slot), headerCopy);
+      return decodeSlotHeader(headerView);
+    };
     const copy = ring.mapped ? undefined : new Uint8Array(layout.slotBytes);
-    let expectStep = c.startStep;
-    for (;;) {
-      const m = await reader.next();
-      if (m.t === "end") return;
-      if (m.t !== "batch") throw new ShmError(0, "BAD_RESPONSE", `Expected "batch" or "end", got "${String(m.t)}"`);
-      const slot = Number(m.slot);
-      const generation = Number(m.generation);
-      const length = Number(m.length);
-      if (m.step !== expectStep || slot >= layout.slots || length > layout.slotBytes) {
-        throw new ShmError(0, "BAD_RESPONSE", `Batch notice out of order or out of bounds: step ${String(m.step)}, slot ${slot}, ${length} bytes`);
+    // Releases go out a group at a time (and whenever we are about to block), not one write per batch.
+    const outbox: Uint8Array[] = [];
+    const group = Math.max(1, layout.slots >> 2);
+    const flush = () => {
+      if (outbox.length === 0) return;
+      socket.write(outbox.length === 1 ? outbox[0] : concatFrames(outbox));
+      outbox.length = 0;
+    };
+    for (let step = c.startStep;; step++) {
+      if (ended && step >= endStep) return;
+      const { slot, generation } = slotOfStep(step, c.startStep, layout.slots);
+      let h = poll && step < endStep ? readHeader(slot) : undefined;
+      if (h?.generation !== generation) {
+        // Not published yet (or a client that does not poll): block on the socket for its notice.
+        if (poll && step < endStep) outbox.push(encodeFrame({ t: "wait", step }));
+        flush();
+        const m = await reader.next();
+        if (m.t === "end") {
+          // Every step before `end` was published before it was sent; a polling client may still
+          // have some to read (its `wait` crossed the `end`).
+          if (step >= Number(m.step)) return;
+          endStep = Number(m.step);
+          ended = true;
+          h = readHeader(slot);
+        } else if (m.t !== "batch") throw new ShmError(0, "BAD_RESPONSE", `Expected "batch" or "end", got "${String(m.t)}"`);
+        else if (m.step !== step || m.slot !== slot || m.generation !== generation) {
+          throw new ShmError(0, "BAD_RESPONSE", `Batch notice out of order: step ${String(m.step)} in slot ${String(m.slot)}, expected step ${step} in slot ${slot}`);
+        } else h = readHeader(slot);
       }
-      ring.read(slotHeaderOffset(slot), slotHeader);
-      const h = decodeSlotHeader(slotHeader);
-      // The header is written after the data: a generation other than the notice's is a stale or
-      // torn slot, never to be read as this batch.
-      if (h.generation !== generation || h.step !== m.step || h.length !== length) {
-        throw new ShmError(0, "STALE_SLOT", `Slot ${slot} holds generation ${h.generation} (step ${h.step}), notice says ${generation} (step ${String(m.step)})`);
+      // The generation is written last: any other generation, or a header that disagrees with
+      // the step, is a stale or torn slot and is never read as this batch.
+      if (h.generation !== generation || h.step !== step || h.length > layout.slotBytes) {
+        throw new ShmError(0, "STALE_SLOT", `Slot ${slot} holds generation ${h.generation} (step ${h.step}), expected ${generation} (step ${step})`);
       }
       const at = layout.dataOffset + slot * layout.slotBytes;
       let bytes: Uint8Array;
-      if (ring.mapped) bytes = ring.mapped.subarray(at, at + length);
+      if (ring.mapped) bytes = ring.mapped.subarray(at, at + h.length);
       else {
-        bytes = copy!.subarray(0, length);
+        bytes = copy!.subarray(0, h.length);
         ring.read(at, bytes);
       }
-      yield { step: expectStep, firstSample: Number(m.firstSample), bytes, dtype: String(r.dtype), shape, cache: String(m.cache) };
-      send(socket, { t: "release", slot, generation });
-      expectStep++;
+      yield { step, firstSample: h.firstSample, bytes, dtype: String(r.dtype), shape, cache: h.cache };
+      outbox.push(encodeFrame({ t: "release", slot, generation }));
+      if (outbox.length >= group) flush();
     }
   } finally {
     // Close the socket first: the server stops writing and removes the ring; our mapping then

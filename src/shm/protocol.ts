@@ -6,8 +6,11 @@
 
 import { pack, unpack } from "msgpackr";
 
-/** Protocol version sent in `hello` and checked by both ends. */
-export const SHM_PROTOCOL_VERSION = 1;
+/**
+ * Protocol version sent in `hello` and checked by both ends. 2: slots taken in a fixed order,
+ * 64-byte slot headers with the cache state, `notify: "wait"` consumers that poll slot headers.
+ */
+export const SHM_PROTOCOL_VERSION = 2;
 
 /** Largest ring a client may ask for (`slots` in `open`). */
 export const MAX_RING_SLOTS = 64;
@@ -21,8 +24,22 @@ export const RING_MAGIC = "RFRING01";
 /** Bytes of the ring header (magic, counts, offsets) before the slot headers. */
 export const RING_HEADER_BYTES = 64;
 
-/** Bytes of each slot header: generation, length, step, first sample (4 × float64). */
-export const SLOT_HEADER_BYTES = 32;
+/**
+ * Bytes of each slot header: generation, length, step, first sample, cache state (5 × float64),
+ * padded to a cache line so that the server publishing one slot never shares a line with the
+ * header a polling client is reading.
+ */
+export const SLOT_HEADER_BYTES = 64;
+
+/**
+ * A ring holds this many bytes of batches (up to `MAX_RING_SLOTS` slots) when the client asked
+ * for fewer and the budget has room: small batches are then released in groups, not one
+ * syscall each, and the server runs further ahead of a fast consumer.
+ */
+export const MIN_RING_BYTES = 4 * 2 ** 20;
+
+/** Cache states of a batch as coded in its slot header. */
+export const CACHE_STATES = ["hit", "filling", "miss"] as const;
 
 /** Slot data is page-aligned so a mapped slot is a valid typed array of any dtype. */
 export const PAGE_BYTES = 4096;
@@ -81,6 +98,15 @@ export interface SlotHeader {
   readonly length: number;
   readonly step: number;
   readonly firstSample: number;
+  readonly cache: (typeof CACHE_STATES)[number];
+}
+
+/**
+ * The slot of a step and the generation it is published with: consumers take slots in a fixed
+ * round, so a client can find the next batch in the ring without being told.
+ */
+export function slotOfStep(step: number, startStep: number, slots: number): { slot: number; generation: number } {
+  return { slot: (step - startStep) % slots, generation: step - startStep + 1 };
 }
 
 /** Offset of slot `i`'s header in the file. */
@@ -96,13 +122,23 @@ export function encodeSlotHeader(h: SlotHeader): Uint8Array {
   v.setFloat64(8, h.length, true);
   v.setFloat64(16, h.step, true);
   v.setFloat64(24, h.firstSample, true);
+  v.setFloat64(32, CACHE_STATES.indexOf(h.cache), true);
   return out;
 }
 
-/** Decodes a slot header from its 32 bytes. */
-export function decodeSlotHeader(bytes: Uint8Array): SlotHeader {
-  const v = new DataView(bytes.buffer, bytes.byteOffset, SLOT_HEADER_BYTES);
-  return { generation: v.getFloat64(0, true), length: v.getFloat64(8, true), step: v.getFloat64(16, true), firstSample: v.getFloat64(24, true) };
+/**
+ * Decodes the slot header at `offset` of a view (the mapped ring itself, or a copy of the header).
+ * Reads the generation first: the server writes it last.
+ */
+export function decodeSlotHeader(v: DataView, offset = 0): SlotHeader {
+  const generation = v.getFloat64(offset, true);
+  return {
+    generation,
+    length: v.getFloat64(offset + 8, true),
+    step: v.getFloat64(offset + 16, true),
+    firstSample: v.getFloat64(offset + 24, true),
+    cache: CACHE_STATES[v.getFloat64(offset + 32, true)] ?? "hit",
+  };
 }
 
 /** Client → server messages. */
@@ -117,10 +153,17 @@ export type ClientMessage =
     readonly startStep: number;
     /** Exclusive; unset: the last full step. */
     readonly endStep?: number;
-    /** Ring size = how many batches the server fills ahead. */
+    /** Ring size = how many batches the server fills ahead (the server may give more, see `MIN_RING_BYTES`). */
     readonly slots?: number;
+    /**
+     * `all` (default): a `batch` notice for every slot filled. `wait`: the client polls slot
+     * headers and is told of a batch only after it said `wait` for it.
+     */
+    readonly notify?: "all" | "wait";
   }
-  | { readonly t: "release"; readonly slot: number; readonly generation: number };
+  | { readonly t: "release"; readonly slot: number; readonly generation: number }
+  /** The client found step `step` not yet published and blocks on the socket until it is. */
+  | { readonly t: "wait"; readonly step: number };
 
 /** Server → client messages. */
 export type ServerMessage =
@@ -155,6 +198,17 @@ export function encodeFrame(message: ClientMessage | ServerMessage): Uint8Array 
   const out = new Uint8Array(4 + body.length);
   new DataView(out.buffer).setUint32(0, body.length, false);
   out.set(body, 4);
+  return out;
+}
+
+/** Several frames in one buffer: one socket write for a group of messages. */
+export function concatFrames(frames: readonly Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(frames.reduce((n, f) => n + f.length, 0));
+  let at = 0;
+  for (const f of frames) {
+    out.set(f, at);
+    at += f.length;
+  }
   return out;
 }
 

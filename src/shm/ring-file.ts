@@ -37,6 +37,7 @@ export class RingFile {
   readonly layout: RingLayout;
   readonly #fd: number;
   readonly #map: ReturnType<MapFile> | undefined;
+  readonly #mapView: DataView | undefined;
   #scratch: Uint8Array | undefined;
   #closed = false;
 
@@ -63,6 +64,7 @@ export class RingFile {
       allocate(fd, layout.fileBytes);
       fs.writeSync(fd, encodeRingHeader(layout), 0, undefined, 0);
       this.#map = mapFile?.(path, layout.fileBytes);
+      if (this.#map) this.#mapView = new DataView(this.#map.bytes.buffer, this.#map.bytes.byteOffset, this.#map.bytes.byteLength);
     } catch (e) {
       fs.closeSync(fd);
       fs.rmSync(path, { force: true });
@@ -82,14 +84,22 @@ export class RingFile {
   }
 
   /**
-   * Publishes slot `i`: its data (written to the file unless it was assembled in place), then its
-   * header, whose generation is what the client checks, so the header goes last.
+   * Publishes slot `i`: its data (written to the file unless it was assembled in place), then the
+   * rest of its header, then the header's generation. A client polling the header accepts the
+   * slot only when the generation is the one it expects, so the generation is stored last (and
+   * on its own: a header copied in one piece could be seen half old, half new).
    */
   publish(slot: number, body: Uint8Array, header: SlotHeader): void {
-    if (!this.#map) fs.writeSync(this.#fd, body, 0, body.length, this.layout.dataOffset + slot * this.layout.slotBytes);
+    const at = slotHeaderOffset(slot);
     const h = encodeSlotHeader(header);
-    if (this.#map) this.#map.bytes.set(h, slotHeaderOffset(slot));
-    else fs.writeSync(this.#fd, h, 0, h.length, slotHeaderOffset(slot));
+    if (this.#map) {
+      this.#map.bytes.set(h.subarray(8), at + 8);
+      this.#mapView!.setFloat64(at, header.generation, true);
+      return;
+    }
+    fs.writeSync(this.#fd, body, 0, body.length, this.layout.dataOffset + slot * this.layout.slotBytes);
+    fs.writeSync(this.#fd, h, 8, h.length - 8, at + 8);
+    fs.writeSync(this.#fd, h, 0, 8, at);
   }
 
   /** Unmaps, closes and removes the file. Call only when no fill is writing into `target()`. */

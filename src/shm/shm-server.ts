@@ -17,13 +17,26 @@ import { isCacheServerError } from "../errors.ts";
 import { STATUS_OF } from "../http/error-handler.ts";
 import { constantTimeEqual } from "../http/middleware/bearer-auth.ts";
 import type { ServedBytes } from "../http/served-bytes.ts";
-import { encodeFrame, FrameDecoder, MAX_RING_SLOTS, ringLayout, type ServerMessage, SHM_PROTOCOL_VERSION, ShmProtocolError } from "./protocol.ts";
+import {
+  concatFrames,
+  encodeFrame,
+  FrameDecoder,
+  MAX_RING_SLOTS,
+  MIN_RING_BYTES,
+  ringLayout,
+  type ServerMessage,
+  SHM_PROTOCOL_VERSION,
+  ShmProtocolError,
+  slotOfStep,
+} from "./protocol.ts";
 import { type MapFile, removeDeadRings, RING_PREFIX, RingFile, RingSpaceError } from "./ring-file.ts";
 
 /** Connections on the control socket at once; more are refused by the kernel's accept queue. */
 const MAX_CONNECTIONS = 1024;
 /** A connection that has not said `hello` within this time is closed. */
 const HELLO_TIMEOUT_MS = 5000;
+/** Batch notices of a `notify: "all"` consumer wait at most this long to be sent together. */
+const NOTICE_DELAY_MS = 1;
 
 /** What the shm server needs: the batch path's parts, its limits, and the runtime's process facts. */
 export interface ShmServerOptions {
@@ -166,11 +179,20 @@ class ShmConnection {
   #greeted = false;
   #ring: RingFile | undefined;
   #closed = false;
-  /** Slots the client has released (or never got), oldest first. */
-  readonly #free: number[] = [];
-  /** Generation of each slot the client holds. */
+  /** Generation of each slot the client holds (filled and not released). */
   readonly #held = new Map<number, number>();
   #wake: (() => void) | undefined;
+  /** The consumer's round: where step `s` goes, and how notices are sent. */
+  #round: { startStep: number; slots: number; notify: "all" | "wait" } | undefined;
+  /** Steps published so far, from `startStep`: `[startStep, #published)`. */
+  #published = 0;
+  /** `notify: "wait"`: the step the client blocks on, if it said so and it is not published yet. */
+  #waitingFor: number | undefined;
+  /** Batch notices not written yet (`notify: "all"`): sent together, one write for several. */
+  #pending: Uint8Array[] = [];
+  #pendingTimer: ReturnType<typeof setTimeout> | undefined;
+  /** The last notices of this consumer, by step, so that a `wait` for a published step is answered. */
+  readonly #notices = new Map<number, ServerMessage>();
   #pump: Promise<void> | undefined;
   /** Messages are handled one at a time, in order: `open` awaits the catalog. */
   #queue: Promise<void> = Promise.resolve();
@@ -208,6 +230,7 @@ class ShmConnection {
    */
   async end(graceful = false): Promise<void> {
     if (!this.#closed) {
+      this.#flush(); // notices already due go out before an error frame and the close
       this.#closed = true;
       this.#wake?.();
       if (graceful) this.#socket.end();
@@ -224,7 +247,41 @@ class ShmConnection {
   }
 
   #send(m: ServerMessage): void {
+    this.#flush();
     if (!this.#closed) this.#socket.write(encodeFrame(m));
+  }
+
+  /**
+   * Tells the client of a published batch. `notify: "wait"` consumers poll the ring and hear of a
+   * batch only when they blocked on it; `all` consumers hear of every batch, a group at a time
+   * while they are not starving (at most `slots / 4` notices or `NOTICE_DELAY_MS` held back).
+   */
+  #notify(m: ServerMessage & { t: "batch" }): void {
+    const round = this.#round!;
+    if (round.notify === "wait") {
+      this.#notices.set(m.step, m);
+      this.#notices.delete(m.step - round.slots);
+      if (this.#waitingFor === m.step) {
+        this.#waitingFor = undefined;
+        this.#send(m);
+      }
+      return;
+    }
+    this.#pending.push(encodeFrame(m));
+    // A client holding no other batch is waiting for this one: tell it now.
+    if (this.#held.size === 1 || this.#pending.length >= Math.max(1, round.slots >> 2)) this.#flush();
+    else this.#pendingTimer ??= setTimeout(() => this.#flush(), NOTICE_DELAY_MS);
+  }
+
+  /** Writes the notices held back, in one write. */
+  #flush(): void {
+    if (this.#pendingTimer !== undefined) clearTimeout(this.#pendingTimer);
+    this.#pendingTimer = undefined;
+    if (this.#pending.length === 0) return;
+    const frames = this.#pending;
+    this.#pending = [];
+    if (this.#closed) return;
+    this.#socket.write(frames.length === 1 ? frames[0] : concatFrames(frames));
   }
 
   #fail(code: string, status: number, message: string): void {
@@ -258,7 +315,8 @@ class ShmConnection {
     }
     if (m.t === "open") return await this.#open(m);
     if (m.t === "release") return this.#release(m);
-    throw new ShmProtocolError(`Unknown message "${String(m.t)}": expected open or release`);
+    if (m.t === "wait") return this.#wait(m);
+    throw new ShmProtocolError(`Unknown message "${String(m.t)}": expected open, release or wait`);
   }
 
   async #open(m: Record<string, unknown>): Promise<void> {
@@ -267,8 +325,11 @@ class ShmConnection {
     const rank = int(m, "rank", 0, world - 1);
     const microBatch = int(m, "microBatch", 1, 1 << 20);
     const startStep = int(m, "startStep", 0, Number.MAX_SAFE_INTEGER);
-    const slots = m.slots === undefined ? this.#o.slots : int(m, "slots", 1, MAX_RING_SLOTS);
+    const asked = m.slots === undefined ? this.#o.slots : int(m, "slots", 1, MAX_RING_SLOTS);
     if (typeof m.dataset !== "string") throw new ShmProtocolError('"dataset" must be a string');
+    if (m.notify !== undefined && m.notify !== "all" && m.notify !== "wait") {
+      throw new ShmProtocolError(`Invalid "notify": ${JSON.stringify(m.notify)}; expected "all" or "wait"`);
+    }
     const reg = await this.#o.catalog.get(m.dataset);
     if (this.#closed) return; // the peer left while the catalog answered: make no ring
     const lastStep = Math.floor(reg.dataset.numSamples / (world * microBatch));
@@ -279,8 +340,13 @@ class ShmConnection {
       this.#fail("BAD_REQUEST", 400, `A batch of ${microBatch} × ${cols} tokens = ${batchBytes} bytes exceeds --max-batch-bytes (${this.#o.maxBatchBytes})`);
       return;
     }
-    const layout = ringLayout(slots, batchBytes);
-    const path = this.#server.reserveRing(layout.fileBytes);
+    // Small batches get a deeper ring when the budget has room for it; else the size asked.
+    let layout = ringLayout(Math.max(asked, Math.min(MAX_RING_SLOTS, Math.floor(MIN_RING_BYTES / batchBytes))), batchBytes);
+    let path = this.#server.reserveRing(layout.fileBytes);
+    if (path === undefined && layout.slots > asked) {
+      layout = ringLayout(asked, batchBytes);
+      path = this.#server.reserveRing(layout.fileBytes);
+    }
     if (path === undefined) {
       // SHM_FULL: the SDK falls back to HTTP for this consumer.
       this.#fail("SHM_FULL", 503, `Shared-memory budget (--shm-bytes ${this.#o.budgetBytes}) is full; a ring of ${layout.fileBytes} bytes does not fit`);
@@ -296,7 +362,8 @@ class ShmConnection {
       }
       throw e;
     }
-    for (let i = 0; i < slots; i++) this.#free.push(i);
+    const slots = layout.slots;
+    this.#round = { startStep, slots, notify: m.notify === "wait" ? "wait" : "all" };
     this.#send({
       t: "ring",
       path,
@@ -319,28 +386,41 @@ class ShmConnection {
       throw new ShmProtocolError(`Release of slot ${slot} generation ${String(generation)}, which the client does not hold`);
     }
     this.#held.delete(slot);
-    this.#free.push(slot);
     this.#wake?.();
   }
 
-  /** Fills slots in step order while the client releases them. */
+  #wait(m: Record<string, unknown>): void {
+    const step = int(m, "step", 0, Number.MAX_SAFE_INTEGER);
+    const round = this.#round;
+    if (!round || round.notify !== "wait") throw new ShmProtocolError('"wait" needs an open consumer with notify "wait"');
+    if (step < round.startStep + this.#published) {
+      const notice = this.#notices.get(step);
+      if (!notice) throw new ShmProtocolError(`Wait for step ${step}, which the ring no longer holds (this consumer started at step ${round.startStep})`);
+      this.#send(notice);
+    } else this.#waitingFor = step;
+  }
+
+  /** Fills slots in step order, each step in its slot of the round, while the client releases them. */
   async #fill(reg: RegisteredDataset, consumer: { dataset: string; rank: number; world: number; microBatch: number }, from: number, end: number): Promise<void> {
     const ring = this.#ring!;
-    let generation = 0;
+    const slots = ring.layout.slots;
     for (let step = from; step < end; step++) {
-      while (this.#free.length === 0 && !this.#closed) await new Promise<void>((r) => (this.#wake = r));
+      const { slot, generation } = slotOfStep(step, from, slots);
+      if (this.#held.has(slot)) {
+        this.#flush(); // the client must hear of every batch before we sleep on its releases
+        while (this.#held.has(slot) && !this.#closed) await new Promise<void>((r) => (this.#wake = r));
+      }
       if (this.#closed) return;
-      const slot = this.#free.shift()!;
       const first = stepSamples(step, consumer.rank, consumer.world, consumer.microBatch);
       const t0 = this.#o.now();
       const batch = await assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, this.#o.now, ring.target(slot));
       if (this.#closed) return;
-      generation++;
-      ring.publish(slot, batch.body, { generation, length: batch.body.length, step, firstSample: first });
-      this.#held.set(slot, generation);
-      const seconds = (this.#o.now() - t0) / 1000;
       const cache = cacheState(batch);
-      this.#send({ t: "batch", slot, generation, step, length: batch.body.length, firstSample: first, cache });
+      ring.publish(slot, batch.body, { generation, length: batch.body.length, step, firstSample: first, cache });
+      this.#held.set(slot, generation);
+      this.#published++;
+      const seconds = (this.#o.now() - t0) / 1000;
+      this.#notify({ t: "batch", slot, generation, step, length: batch.body.length, firstSample: first, cache });
       this.#o.served.add("shm", batch.body.length);
       this.#o.onBatch(seconds, cache);
       this.#o.stats.record(reg.name, `shm rank ${consumer.rank}/${consumer.world} × ${consumer.microBatch} step ${step}`, batch, seconds);

@@ -1,5 +1,5 @@
 import { execFileSync, spawn } from "node:child_process";
-import { existsSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -7,7 +7,16 @@ import { RackfeedClient } from "../../src/client/mod.ts";
 import { connectUnix, localTransport } from "../../src/client/node.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import type { Origin } from "../../src/origin/origin.ts";
-import { encodeFrame, FrameDecoder } from "../../src/shm/protocol.ts";
+import {
+  decodeRingHeader,
+  decodeSlotHeader,
+  encodeFrame,
+  FrameDecoder,
+  MAX_RING_SLOTS,
+  RING_HEADER_BYTES,
+  SHM_PROTOCOL_VERSION,
+  slotHeaderOffset,
+} from "../../src/shm/protocol.ts";
 import { ShmStartupError } from "../../src/server.ts";
 import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { NODE, NODE_TS, ROOT } from "../helpers/spawn.ts";
@@ -62,17 +71,20 @@ describe("shared-memory fast path", () => {
   it("tells co-located clients where its socket is, and the SDK picks shm by itself", async () => {
     const info = await (await fetch(`${rf.url}/v1/shm`)).json();
     expect(info.socket).toBe(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
-    expect(info.protocol).toBe(1);
+    expect(info.protocol).toBe(SHM_PROTOCOL_VERSION);
     expect(await new RackfeedClient({ url: rf.url, local: localTransport() }).transport()).toBe("shm");
     expect(await new RackfeedClient({ url: rf.url }).transport()).toBe("http");
     expect(await new RackfeedClient({ url: rf.url, local: localTransport(), shm: false }).transport()).toBe("http");
   });
 
-  it("delivers thousands of batches under randomized producer and consumer speeds, each byte-identical to its HTTP body", async () => {
+  it.each([
+    ["polling slot headers (notify wait)", true],
+    ["a notice per batch (notify all)", false],
+  ])("delivers thousands of batches under randomized producer and consumer speeds, each byte-identical to its HTTP body: %s", async (_, poll) => {
     const steps = 2500;
     const want = await httpSamples(rf.url, 0, steps); // world 1, micro-batch 1: step s is sample s
     const sampleBytes = want.length / steps;
-    const c = new RackfeedClient({ url: rf.url, local: localTransport() });
+    const c = new RackfeedClient({ url: rf.url, local: { ...localTransport(), pollSlots: poll } });
     const before = await rf.metric("rackfeed_served_bytes_total", { transport: "shm" });
     let expectStep = 0;
     for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: steps, prefetch: 1 + Math.floor(Math.random() * 3) })) {
@@ -103,14 +115,19 @@ describe("shared-memory fast path", () => {
   it("gives a slow consumer backpressure: the server fills no more slots than the ring holds, and drops nothing", async () => {
     const c = new RackfeedClient({ url: rf.url, local: localTransport() });
     const before = await rf.metric("rackfeed_served_bytes_total", { transport: "shm" });
-    const it = c.batches("d", { rank: 0, world: 1, microBatch: 4, endStep: 50, prefetch: 2 }); // 3 slots
+    const it = c.batches("d", { rank: 0, world: 1, microBatch: 4, endStep: 200, prefetch: 2 });
     const first = await it.next();
     const batchBytes = first.value!.tokens.byteLength;
-    await sleep(300); // the consumer holds step 0; the server may fill the other 2 slots, then must wait
-    expect(await rf.metric("rackfeed_served_bytes_total", { transport: "shm" })).toBe(before + 3 * batchBytes);
+    // The server may make the ring of these small batches deeper than asked: read its size.
+    expect(rings().length).toBe(1);
+    const { slots } = decodeRingHeader(readFileSync(join(shmDir, rings()[0])).subarray(0, RING_HEADER_BYTES));
+    expect(slots).toBeGreaterThanOrEqual(3);
+    expect(slots).toBeLessThan(200);
+    await sleep(300); // the consumer holds step 0; the server may fill the other slots, then must wait
+    expect(await rf.metric("rackfeed_served_bytes_total", { transport: "shm" })).toBe(before + slots * batchBytes);
     let n = 1;
     for await (const b of { [Symbol.asyncIterator]: () => it }) expect(b.step).toBe(n++);
-    expect(n).toBe(50);
+    expect(n).toBe(200);
   });
 
   it("frees the ring of a client killed with -9 mid-stream", async () => {
@@ -139,6 +156,44 @@ describe("shared-memory fast path", () => {
     expect(await rf.metric("rackfeed_shm_ring_bytes")).toBe(0);
   });
 
+  it("fills slots in a fixed round, and tells a polling client of a batch only when it waits for it", async () => {
+    const s = await connectUnix(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
+    const dec = new FrameDecoder();
+    const inbox: Record<string, unknown>[] = [];
+    const next = async () => {
+      while (inbox.length === 0) {
+        const chunk = await s.read();
+        if (chunk === null) throw new Error("closed");
+        inbox.push(...dec.push(chunk));
+      }
+      return inbox.shift()!;
+    };
+    try {
+      s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+      expect((await next()).t).toBe("welcome");
+      s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 10, endStep: 150, slots: 2, notify: "wait" }));
+      const ring = await next();
+      expect(ring, JSON.stringify(ring)).toMatchObject({ t: "ring", endStep: 150 });
+      const slots = Number(ring.slots);
+      expect(slots).toBe(MAX_RING_SLOTS); // asked for 2: the server deepens a ring of small batches
+      // No notice without a wait: each next frame is the answer to the wait before it.
+      for (const step of [10, 11, 12]) {
+        s.write(encodeFrame({ t: "wait", step }));
+        const notice = await next();
+        expect(notice).toMatchObject({ t: "batch", step, slot: (step - 10) % slots, generation: step - 10 + 1, firstSample: step * 20 });
+        const file = readFileSync(String(ring.path));
+        const h = decodeSlotHeader(new DataView(file.buffer, file.byteOffset, file.byteLength), slotHeaderOffset(Number(notice.slot)));
+        expect(h).toMatchObject({ generation: step - 9, step, firstSample: step * 20, length: 20 * 65 * 2 });
+        expect(["hit", "filling", "miss"]).toContain(h.cache);
+        s.write(encodeFrame({ t: "release", slot: notice.slot as number, generation: notice.generation as number }));
+      }
+      s.write(encodeFrame({ t: "wait", step: 2 }));
+      expect(String((await next()).message)).toMatch(/Wait for step 2, which the ring no longer holds/);
+    } finally {
+      s.close();
+    }
+  });
+
   it("answers bad control messages with an error frame and a closed socket, never a crash", async () => {
     const cases: [Uint8Array, RegExp][] = [
       [encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 1, startStep: 0 }), /Expected "hello" first/],
@@ -152,7 +207,7 @@ describe("shared-memory fast path", () => {
       expect(reply.status).toBe(400);
       expect(String(reply.message)).toMatch(message);
     }
-    const hello = encodeFrame({ t: "hello", version: 1 });
+    const hello = encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION });
     const unknown = await exchange([hello, encodeFrame({ t: "open", dataset: "nope", rank: 0, world: 1, microBatch: 1, startStep: 0 })], 2);
     expect(unknown).toMatchObject({ t: "error", status: 404 });
     const badRank = await exchange([hello, encodeFrame({ t: "open", dataset: "d", rank: 4, world: 4, microBatch: 1, startStep: 0 })], 2);
@@ -228,9 +283,9 @@ describe("shared-memory fast path", () => {
     const locked = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--read-token", "s3cret-token-1"]);
     try {
       const socket = join(dir, `rackfeed-${new URL(locked.url).port}.sock`);
-      const refused = await exchange([encodeFrame({ t: "hello", version: 1 })], 1, socket);
+      const refused = await exchange([encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION })], 1, socket);
       expect(refused).toMatchObject({ t: "error", status: 401 });
-      const welcome = await exchange([encodeFrame({ t: "hello", version: 1, token: "s3cret-token-1" })], 1, socket);
+      const welcome = await exchange([encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION, token: "s3cret-token-1" })], 1, socket);
       expect(welcome.t).toBe("welcome");
       const c = new RackfeedClient({ url: locked.url, token: "s3cret-token-1", local: localTransport() });
       for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: 2 })) expect(b.transport).toBe("shm");
