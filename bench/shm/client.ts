@@ -24,8 +24,8 @@ const deadline = Date.now() + 5 * 60_000;
 
 // A computed specifier: the Deno transport uses FFI types that Node's type check does not know.
 const mod = isDeno ? "../../src/client/deno.ts" : "../../src/client/node.ts";
-const { localTransport } = (await import(mod)) as { localTransport: () => LocalTransport };
-const c = new RackfeedClient({ url, local: localTransport(), reportEvery: 1_000_000 });
+const { localTransport } = (await import(mod)) as { localTransport: (o?: { map?: boolean }) => LocalTransport };
+const c = new RackfeedClient({ url, local: localTransport(args.includes("--pread") ? { map: false } : {}), reportEvery: 1_000_000 });
 const transport = await c.transport();
 if (transport !== "shm") throw new Error(`${url} is not reachable over shm from here`);
 

@@ -236,6 +236,17 @@ export class BlockCache {
     return this.#flights.has(this.blockKey(gw.name, key, info.version, index));
   }
 
+  /**
+   * Block `index` when it is in the memory tier (counted as a hit, recency updated), else
+   * undefined and nothing counted: the caller then asks `blockFrom`. Lets a batch whose blocks
+   * are all in memory be assembled without a promise per block.
+   */
+  memoryBlock(gw: OriginGateway, key: string, info: ObjectInfo, index: number): Uint8Array | undefined {
+    const bytes = this.#memory.get(this.blockKey(gw.name, key, info.version, index));
+    if (bytes) this.#memoryHits++;
+    return bytes;
+  }
+
   /** True when block `index` of this object version is in the memory tier (no recency update). */
   inMemory(gw: OriginGateway, key: string, info: ObjectInfo, index: number): boolean {
     return this.#memory.has(this.blockKey(gw.name, key, info.version, index));

@@ -6,12 +6,8 @@
  */
 
 import { canMapDeno, mapFileDeno } from "../runtime/mmap-deno.ts";
-import { connectUnix, localTransport as readingTransport, STORES_IN_ORDER } from "./node.ts";
-import type { LocalTransport, RingReader } from "./shm-consumer.ts";
-
-// A mapping is released when the last view of it is garbage: the caller may keep a batch's
-// tokens past the iterator (or past close()), and touching unmapped memory would crash the process.
-const unmapWhenCollected = new FinalizationRegistry<() => void>((unmap) => unmap());
+import { connectUnix, localTransport as readingTransport, mappedRing, STORES_IN_ORDER } from "./node.ts";
+import type { LocalTransport } from "./shm-consumer.ts";
 
 /**
  * The shm transport for Deno: mapped rings when FFI is allowed, else positional reads.
@@ -23,14 +19,10 @@ const unmapWhenCollected = new FinalizationRegistry<() => void>((unmap) => unmap
  * ```
  */
 export function localTransport(): LocalTransport {
-  if (!canMapDeno()) return readingTransport();
+  if (!canMapDeno()) return readingTransport({ map: false });
   return {
     connect: connectUnix,
     pollSlots: STORES_IN_ORDER,
-    openRing(path: string, bytes: number): RingReader {
-      const m = mapFileDeno(path, bytes, false);
-      unmapWhenCollected.register(m.bytes.buffer, m.unmap);
-      return { mapped: m.bytes, read: (offset, into) => into.set(m.bytes.subarray(offset, offset + into.length)), close() {} };
-    },
+    openRing: (path: string, bytes: number) => mappedRing(mapFileDeno(path, bytes, false)),
   };
 }

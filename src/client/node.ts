@@ -8,6 +8,7 @@ import * as fs from "node:fs";
 import * as net from "node:net";
 import { arch } from "node:os";
 import { Agent, fetch as undiciFetch } from "undici";
+import { loadNodeMapping } from "../runtime/mmap-node.ts";
 import type { LocalSocket, LocalTransport, RingReader } from "./shm-consumer.ts";
 
 /**
@@ -27,17 +28,34 @@ export function http2Fetch(opts: { ca?: string; connections?: number } = {}): ty
 }
 
 /**
- * The shm path's socket and ring access on Node: `node:net` for the Unix socket, and positional
- * reads of the ring file (Node cannot map files, so each batch is copied once into a reused
- * buffer; Deno's `client/deno.ts` maps the ring and copies nothing).
+ * The shm path's socket and ring access on Node: `node:net` for the Unix socket, and the ring
+ * mapped read-only through libc (koffi), so a batch's tokens are a view of the slot itself:
+ * zero copies. Where the ring cannot be mapped (no koffi binary for the platform, or
+ * `map: false`) each batch is read with `pread` into one reused buffer instead.
  *
+ * @param opts `map: false` forces positional reads
  * @example
  * ```ts
  * const rf = new RackfeedClient({ url: "http://127.0.0.1:8080", local: localTransport() });
  * ```
  */
-export function localTransport(): LocalTransport {
-  return { connect: connectUnix, openRing: readRing, pollSlots: STORES_IN_ORDER };
+export function localTransport(opts: { map?: boolean } = {}): LocalTransport {
+  const map = opts.map === false ? undefined : loadNodeMapping();
+  return {
+    connect: connectUnix,
+    openRing: map ? (path, bytes) => mappedRing(map(path, bytes, false)) : readRing,
+    pollSlots: STORES_IN_ORDER,
+  };
+}
+
+// A mapping is released when the last view of it is garbage: the caller may keep a batch's
+// tokens past the iterator (or past close()), and touching unmapped memory would crash the process.
+const unmapWhenCollected = new FinalizationRegistry<() => void>((unmap) => unmap());
+
+/** A ring reader over a read-only mapping of the ring, unmapped once no view of it is reachable. */
+export function mappedRing(m: { bytes: Uint8Array; unmap(): void }): RingReader {
+  unmapWhenCollected.register(m.bytes.buffer, m.unmap);
+  return { mapped: m.bytes, read: (offset, into) => into.set(m.bytes.subarray(offset, offset + into.length)), close() {} };
 }
 
 /**

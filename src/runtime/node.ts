@@ -8,6 +8,7 @@ import * as net from "node:net";
 import { readFileSync } from "node:fs";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
+import { loadNodeMapping } from "./mmap-node.ts";
 
 /**
  * Serves `fetch` on Node. Cleartext: one port speaks HTTP/1.1 and HTTP/2 with prior knowledge
@@ -86,6 +87,7 @@ const H2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
 
 /** The CLI host for Node: real process, filesystem and signals. */
 export function nodeHost(): CliHost {
+  const map = loadNodeMapping();
   return {
     args: process.argv.slice(2),
     env: process.env,
@@ -109,6 +111,7 @@ export function nodeHost(): CliHost {
     progressStream: process.stderr.isTTY ? process.stderr : undefined,
     pid: process.pid,
     isAlive,
+    mapFile: map ? (path, bytes) => map(path, bytes, true) : undefined,
   };
 }
 

@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient } from "../../src/client/mod.ts";
 import { connectUnix, localTransport } from "../../src/client/node.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
+import { loadNodeMapping } from "../../src/runtime/mmap-node.ts";
 import type { Origin } from "../../src/origin/origin.ts";
 import {
   decodeRingHeader,
@@ -78,25 +79,40 @@ describe("shared-memory fast path", () => {
   });
 
   it.each([
-    ["polling slot headers (notify wait)", true],
-    ["a notice per batch (notify all)", false],
-  ])("delivers thousands of batches under randomized producer and consumer speeds, each byte-identical to its HTTP body: %s", async (_, poll) => {
-    const steps = 2500;
-    const want = await httpSamples(rf.url, 0, steps); // world 1, micro-batch 1: step s is sample s
-    const sampleBytes = want.length / steps;
-    const c = new RackfeedClient({ url: rf.url, local: { ...localTransport(), pollSlots: poll } });
-    const before = await rf.metric("rackfeed_served_bytes_total", { transport: "shm" });
-    let expectStep = 0;
-    for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: steps, prefetch: 1 + Math.floor(Math.random() * 3) })) {
-      expect(b.transport).toBe("shm");
-      expect(b.step).toBe(expectStep++);
-      expect(b.shape).toEqual([1, 65]);
-      expectSameBytes(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength), want.subarray(b.step * sampleBytes, (b.step + 1) * sampleBytes), `step ${b.step}`);
-      if (Math.random() < 0.05) await sleep(Math.random() * 4); // a consumer that sometimes stalls
+    ["mapped client polling slot headers (notify wait), pwrite server", { poll: true, map: true, mappedServer: false }],
+    ["pread client told of every batch (notify all), pwrite server", { poll: false, map: false, mappedServer: false }],
+    ["mapped client polling, mapped server (koffi)", { poll: true, map: true, mappedServer: true }],
+  ])("delivers thousands of batches under randomized producer and consumer speeds, each byte-identical to its HTTP body: %s", async (_, mode) => {
+    const mapFile = loadNodeMapping();
+    expect(mapFile, "koffi maps files on this machine").toBeDefined();
+    const dir = mode.mappedServer ? join(ws.dir, "shm-mapped") : shmDir;
+    const server = mode.mappedServer
+      ? await startServer(ws, [...args.filter((a) => a !== shmDir), dir], {
+        makeOrigin: (spec) => jitteryOrigin(spec.name, (spec as { root: string }).root),
+        mapFile: (path, bytes) => mapFile!(path, bytes, true),
+      })
+      : rf;
+    const ringsIn = () => readdirSync(dir).filter((n) => n.endsWith(".ring"));
+    try {
+      const steps = 2500;
+      const want = await httpSamples(server.url, 0, steps); // world 1, micro-batch 1: step s is sample s
+      const sampleBytes = want.length / steps;
+      const c = new RackfeedClient({ url: server.url, local: { ...localTransport({ map: mode.map }), pollSlots: mode.poll } });
+      const before = await server.metric("rackfeed_served_bytes_total", { transport: "shm" });
+      let expectStep = 0;
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: steps, prefetch: 1 + Math.floor(Math.random() * 3) })) {
+        expect(b.transport).toBe("shm");
+        expect(b.step).toBe(expectStep++);
+        expect(b.shape).toEqual([1, 65]);
+        expectSameBytes(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength), want.subarray(b.step * sampleBytes, (b.step + 1) * sampleBytes), `step ${b.step}`);
+        if (Math.random() < 0.05) await sleep(Math.random() * 4); // a consumer that sometimes stalls
+      }
+      expect(expectStep).toBe(steps);
+      expect(await server.metric("rackfeed_served_bytes_total", { transport: "shm" })).toBe(before + want.length);
+      await waitFor(async () => ringsIn().length === 0 && (await server.metric("rackfeed_shm_rings")) === 0, "the ring to be removed after the iteration");
+    } finally {
+      if (server !== rf) await server.close();
     }
-    expect(expectStep).toBe(steps);
-    expect(await rf.metric("rackfeed_served_bytes_total", { transport: "shm" })).toBe(before + want.length);
-    await waitFor(async () => rings().length === 0 && (await rf.metric("rackfeed_shm_rings")) === 0, "the ring to be removed after the iteration");
   });
 
   it("resumes from any step, and serves ranks of a world without overlap", async () => {
@@ -268,7 +284,8 @@ describe("shared-memory fast path", () => {
         expect(got).toEqual(["http", "http"]);
         expect(readdirSync(tiny).filter((n) => n.endsWith(".ring"))).toEqual([]);
         expect(await full.metric("rackfeed_shm_ring_bytes")).toBe(0);
-        const small = new RackfeedClient({ url: full.url, local: localTransport() });
+        // pread, not a mapping: a mapped ring stays until the GC drops its views, and would keep the tmpfs busy at umount.
+        const small = new RackfeedClient({ url: full.url, local: localTransport({ map: false }) });
         for await (const b of small.batches("d", { rank: 0, world: 1, microBatch: 10, endStep: 3 })) expect(b.transport).toBe("shm");
       } finally {
         await full.close();
