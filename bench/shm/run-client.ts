@@ -22,7 +22,7 @@ export function runShmClient(client: "deno" | "node", argv: string[]): ShmClient
   const script = `${ROOT}bench/shm/client.ts`;
   const p = client === "deno"
     ? spawnSync(DENO, ["run", "-A", script, ...argv], { encoding: "utf8", timeout: 300_000 })
-    : spawnSync(NODE, [...(process.env.CLIENT_PROF ? ["--cpu-prof", "--cpu-prof-dir=" + process.env.CLIENT_PROF] : []), ...NODE_TS, script, ...argv], { encoding: "utf8", timeout: 300_000 });
+    : spawnSync(NODE, [...NODE_TS, script, ...argv], { encoding: "utf8", timeout: 300_000 });
   if (p.status !== 0) throw new Error(`shm client (${client}) failed: ${p.stderr}`);
   return JSON.parse(p.stdout.trim().split("\n").pop()!);
 }
