@@ -15,8 +15,9 @@
  * aborts. Timed passes then request the same steps in order over keep-alive HTTP/1.1 (node:http,
  * 1 or BENCH_CONCURRENCY requests in flight); every timed answer must say x-rackfeed-cache: hit.
  * Latency = request written → last body byte read, at the client. Over shm (bench/shm/client.ts,
- * ring of 4, a Deno client mapping the ring and a Node client reading it with pread), latency is
- * t_wait: how long the trainer's `next()` blocked; every batch's sha256 is checked against numpy's.
+ * the SDK with prefetch 3, which the server deepens to a 4 MiB ring for these 64 KiB batches;
+ * Deno and Node clients both map the ring and poll its slot headers), latency is t_wait: how
+ * long the trainer's `next()` blocked; every batch's sha256 is checked against numpy's.
  */
 
 import { spawnSync } from "node:child_process";
