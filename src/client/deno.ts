@@ -6,7 +6,7 @@
  */
 
 import { canMapDeno, mapFileDeno } from "../runtime/mmap-deno.ts";
-import { connectUnix, localTransport as readingTransport, mappedRing, STORES_IN_ORDER } from "./node.ts";
+import { connectUnix, localTransport as readingTransport, mappedRing, nextTurn, STORES_IN_ORDER } from "./node.ts";
 import type { LocalTransport } from "./shm-consumer.ts";
 
 /**
@@ -23,6 +23,7 @@ export function localTransport(): LocalTransport {
   return {
     connect: connectUnix,
     pollSlots: STORES_IN_ORDER,
+    nextTurn,
     openRing: (path: string, bytes: number) => mappedRing(mapFileDeno(path, bytes, false)),
   };
 }

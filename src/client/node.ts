@@ -7,6 +7,7 @@
 import * as fs from "node:fs";
 import * as net from "node:net";
 import { arch } from "node:os";
+import { setImmediate } from "node:timers";
 import { Agent, fetch as undiciFetch } from "undici";
 import { loadNodeMapping } from "../runtime/mmap-node.ts";
 import type { LocalSocket, LocalTransport, RingReader } from "./shm-consumer.ts";
@@ -45,7 +46,13 @@ export function localTransport(opts: { map?: boolean } = {}): LocalTransport {
     connect: connectUnix,
     openRing: map ? (path, bytes) => mappedRing(map(path, bytes, false)) : readRing,
     pollSlots: STORES_IN_ORDER,
+    nextTurn,
   };
+}
+
+/** One turn of the event loop: `setImmediate` polls I/O and, unlike timers, is not clamped to 1 ms. */
+export function nextTurn(): Promise<void> {
+  return new Promise((r) => setImmediate(r));
 }
 
 // A mapping is released when the last view of it is garbage: the caller may keep a batch's

@@ -19,6 +19,9 @@ import {
   slotOfStep,
 } from "../shm/protocol.ts";
 
+/** How long a polling client re-checks the ring before it sends `wait` and blocks on the socket. */
+const POLL_SPIN_MS = 1;
+
 /** A connected Unix socket, as the SDK needs it. */
 export interface LocalSocket {
   /** The next chunk, or null once the peer closed. */
@@ -40,6 +43,8 @@ export interface RingReader {
 export interface LocalTransport {
   connect(socketPath: string): Promise<LocalSocket>;
   openRing(path: string, bytes: number): RingReader;
+  /** Yields to the event loop for one turn; a polling client re-checks the ring between turns. */
+  nextTurn?(): Promise<void>;
   /**
    * Whether this host sees another process's stores in the order they were made (x86-64), so a
    * slot whose header shows the expected generation holds the whole batch: the client then
@@ -173,6 +178,17 @@ export async function* shmBatches(
       if (ended && step >= endStep) return;
       const { slot, generation } = slotOfStep(step, c.startStep, layout.slots);
       let h = poll && step < endStep ? readHeader(slot) : undefined;
+      if (h && h.generation !== generation && transport.nextTurn) {
+        // The server is most likely assembling this very batch, and a server in the middle of
+        // filling slots reads its socket only when the burst ends (milliseconds later): re-poll
+        // for a moment, releases sent first, before paying a `wait` round trip.
+        flush();
+        const until = performance.now() + POLL_SPIN_MS;
+        while (h.generation !== generation && performance.now() < until) {
+          await transport.nextTurn();
+          h = readHeader(slot);
+        }
+      }
       if (h?.generation !== generation) {
         // Not published yet (or a client that does not poll): block on the socket for its notice.
         if (poll && step < endStep) outbox.push(encodeFrame({ t: "wait", step }));
