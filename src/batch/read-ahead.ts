@@ -57,6 +57,8 @@ interface Consumer {
   scheduled: Map<number, { keys: string[]; due: number; bytes: number }>;
   /** Sum of `scheduled` bytes: the consumer's outstanding window. */
   windowBytes: number;
+  /** For each block key of `scheduled`, the dues of the steps that need it, in step order. */
+  dues: Map<string, number[]>;
 }
 
 /** A scheduled use this far in the past no longer protects its block. */
@@ -134,7 +136,7 @@ export class ReadAhead {
       c.step = step;
       c.lastAt = now;
     } else {
-      c = { key: consumer, reg, step, lastAt: now, stepSeconds: 0, warmedThrough: step, scheduled: new Map(), windowBytes: 0 };
+      c = { key: consumer, reg, step, lastAt: now, stepSeconds: 0, warmedThrough: step, scheduled: new Map(), windowBytes: 0, dues: new Map() };
       if (this.#consumers.size >= this.#opts.maxConsumers) {
         const oldest = this.#consumers.keys().next().value!;
         this.#release(this.#consumers.get(oldest)!, Infinity);
@@ -169,6 +171,9 @@ export class ReadAhead {
         const f = c.reg.files[source];
         const k = cache.blockKey(f.gw.name, f.binKey, f.bin.version, index);
         keys.push(k);
+        const queue = c.dues.get(k);
+        if (queue) queue.push(due);
+        else c.dues.set(k, [due]);
         const known = this.#nextUse.get(k);
         if (known === undefined || known < now || due < known) this.#nextUse.set(k, due);
         if (cache.warm(f.gw, f.binKey, f.bin, index)) this.#blocksWarmed++;
@@ -185,25 +190,20 @@ export class ReadAhead {
    * this consumer gave them (another consumer's later use, if any, keeps its own entry).
    */
   #release(c: Consumer, through: number): void {
-    const released: { keys: string[]; due: number }[] = [];
+    // Steps were scheduled in increasing order, so the map's order is step order, and each
+    // key's due queue starts with the earliest step still scheduled: O(blocks) per step served.
     for (const [s, entry] of c.scheduled) {
-      if (s > through) continue;
-      released.push(entry);
+      if (s > through) break;
       c.windowBytes -= entry.bytes;
       c.scheduled.delete(s);
-    }
-    if (released.length === 0) return;
-    // A block shared with a later scheduled step of this consumer stays protected until then.
-    const later = new Map<string, number>();
-    for (const entry of c.scheduled.values()) {
-      for (const k of entry.keys) if (!(later.get(k)! <= entry.due)) later.set(k, entry.due);
-    }
-    for (const entry of released) {
       for (const k of entry.keys) {
+        const queue = c.dues.get(k)!;
+        queue.shift(); // this step's due
+        if (queue.length === 0) c.dues.delete(k);
         if (this.#nextUse.get(k) !== entry.due) continue; // another consumer's (earlier) use
-        const next = later.get(k);
-        if (next === undefined) this.#nextUse.delete(k);
-        else this.#nextUse.set(k, next);
+        // A block shared with a later scheduled step of this consumer stays protected until then.
+        if (queue.length === 0) this.#nextUse.delete(k);
+        else this.#nextUse.set(k, queue[0]);
       }
     }
   }
