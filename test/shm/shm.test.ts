@@ -231,6 +231,10 @@ describe("shared-memory fast path", () => {
     expect(String(badRank.message)).toMatch(/Invalid "rank": 4; expected an integer from 0 to 3/);
     const forged = await exchange([hello, encodeFrame({ t: "release", slot: 0, generation: 7 })], 2);
     expect(String(forged.message)).toMatch(/does not hold/);
+    const badNotify = await exchange([hello, encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 1, startStep: 0, notify: "sometimes" })], 2);
+    expect(String(badNotify.message)).toMatch(/Invalid "notify": "sometimes"; expected "all" or "wait"/);
+    const earlyWait = await exchange([hello, encodeFrame({ t: "wait", step: 0 })], 2);
+    expect(String(earlyWait.message)).toMatch(/"wait" needs an open consumer with notify "wait"/);
     // Still serving.
     expect((await fetch(`${rf.url}/healthz`)).status).toBe(200);
     expect(await rf.metric("rackfeed_shm_rings")).toBe(0);
