@@ -19,7 +19,7 @@ import { OriginGateway } from "./origin/origin-gateway.ts";
 import type { Origin } from "./origin/origin.ts";
 import type { MapFile } from "./shm/ring-file.ts";
 import { SHM_PROTOCOL_VERSION } from "./shm/protocol.ts";
-import { ShmServer } from "./shm/shm-server.ts";
+import { type PeerIdentity, ShmServer } from "./shm/shm-server.ts";
 
 /** A built server: the app to serve and how to shut it down. */
 export interface RackfeedServer {
@@ -61,6 +61,8 @@ export interface ServerEnv {
   readonly isAlive?: (pid: number) => boolean;
   /** Maps a file shared and writable; without it the shm path writes rings with pwrite (one more copy). */
   readonly mapFile?: MapFile;
+  /** Reads shm peers' Unix credentials (SO_PEERCRED); without it every peer needs the read token. */
+  readonly peers?: PeerIdentity;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
   readonly makeOrigin?: (spec: Config["origins"][number]) => Origin;
 }
@@ -240,6 +242,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
           pid: env.pid ?? 0,
           isAlive: env.isAlive ?? (() => true),
           mapFile: env.mapFile,
+          peers: env.peers,
           now: env.now,
           log: env.log,
         });

@@ -5,7 +5,7 @@ import { ADMIN_USAGE, prefetchCommand, statsCommand } from "./admin-commands.ts"
 import { TUNABLES } from "../config/defaults.ts";
 import { DEMO_TOKEN_DATASET, ensureDemoDataset } from "../demo/demo-dataset.ts";
 import type { Listen } from "../runtime/listener.ts";
-import { createServer, DatasetStartupError } from "../server.ts";
+import { createServer, DatasetStartupError, type ServerEnv } from "../server.ts";
 
 /** What the CLI needs from the runtime it runs on (built in `runtime/deno.ts` or `runtime/node.ts`). */
 export interface CliHost {
@@ -26,8 +26,10 @@ export interface CliHost {
   /** This process's id, and whether another one runs (shm rings of dead servers are removed). */
   readonly pid?: number;
   readonly isAlive?: (pid: number) => boolean;
-  /** Maps a file shared and writable (Deno FFI); Node has none and writes rings with pwrite. */
+  /** Maps a file shared and writable (FFI / koffi); without it rings are written with pwrite. */
   readonly mapFile?: (path: string, bytes: number) => { readonly bytes: Uint8Array; unmap(): void };
+  /** See `ServerEnv.peers`: shm peers' Unix credentials, where the runtime can read them. */
+  readonly peers?: ServerEnv["peers"];
   /** Where `prefetch --watch` draws its progress bar (stderr when it is a terminal). */
   readonly progressStream?: NodeJS.WritableStream;
 }
@@ -103,6 +105,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       pid: host.pid,
       isAlive: host.isAlive,
       mapFile: host.mapFile,
+      peers: host.peers,
     });
   } catch (e) {
     if (e instanceof DatasetStartupError) {

@@ -5,7 +5,7 @@
  * with positional reads like on Node.
  */
 
-import { canMapDeno, mapFileDeno } from "../runtime/mmap-deno.ts";
+import { canMapDeno, mapFileDeno } from "../runtime/libc-deno.ts";
 import { connectUnix, localTransport as readingTransport, mappedRing, nextTurn, STORES_IN_ORDER } from "./node.ts";
 import type { LocalTransport } from "./shm-consumer.ts";
 

@@ -9,7 +9,7 @@ import * as net from "node:net";
 import { arch } from "node:os";
 import { setImmediate } from "node:timers";
 import { Agent, fetch as undiciFetch } from "undici";
-import { loadNodeMapping } from "../runtime/mmap-node.ts";
+import { loadNodeMapping } from "../runtime/libc-node.ts";
 import type { LocalSocket, LocalTransport, RingReader } from "./shm-consumer.ts";
 
 /**

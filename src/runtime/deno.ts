@@ -3,7 +3,8 @@
 import nodeProcess from "node:process";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
-import { canMapDeno, mapFileDeno } from "./mmap-deno.ts";
+import { canMapDeno, mapFileDeno, peerCredentialsDeno } from "./libc-deno.ts";
+import { withFd } from "./socket-fd.ts";
 
 /**
  * Serves `fetch` with `Deno.serve`.
@@ -64,6 +65,7 @@ export function denoHost(): CliHost {
     pid: Deno.pid,
     isAlive,
     mapFile: canMapDeno() ? (path, bytes) => mapFileDeno(path, bytes, true) : undefined,
+    peers: canMapDeno() ? { of: (socket) => withFd(socket, peerCredentialsDeno), uid: Deno.uid() ?? -1 } : undefined,
   };
 }
 

@@ -8,7 +8,8 @@ import * as net from "node:net";
 import { readFileSync } from "node:fs";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
-import { loadNodeMapping } from "./mmap-node.ts";
+import { loadNodeMapping, loadNodePeerCredentials } from "./libc-node.ts";
+import { withFd } from "./socket-fd.ts";
 
 /**
  * Serves `fetch` on Node. Cleartext: one port speaks HTTP/1.1 and HTTP/2 with prior knowledge
@@ -88,6 +89,7 @@ const H2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
 /** The CLI host for Node: real process, filesystem and signals. */
 export function nodeHost(): CliHost {
   const map = loadNodeMapping();
+  const peer = loadNodePeerCredentials();
   return {
     args: process.argv.slice(2),
     env: process.env,
@@ -112,6 +114,7 @@ export function nodeHost(): CliHost {
     pid: process.pid,
     isAlive,
     mapFile: map ? (path, bytes) => map(path, bytes, true) : undefined,
+    peers: peer && process.getuid ? { of: (socket) => withFd(socket, peer), uid: process.getuid() } : undefined,
   };
 }
 

@@ -38,6 +38,19 @@ const HELLO_TIMEOUT_MS = 5000;
 /** Batch notices of a `notify: "all"` consumer wait at most this long to be sent together. */
 const NOTICE_DELAY_MS = 1;
 
+/** The Unix credentials of a local peer (SO_PEERCRED). */
+export interface PeerCredentials {
+  readonly pid: number;
+  readonly uid: number;
+  readonly gid: number;
+}
+
+/** How the runtime reads a connected peer's credentials, and the user this server runs as. */
+export interface PeerIdentity {
+  readonly of: (socket: net.Socket) => PeerCredentials | undefined;
+  readonly uid: number;
+}
+
 /** What the shm server needs: the batch path's parts, its limits, and the runtime's process facts. */
 export interface ShmServerOptions {
   readonly socketPath: string;
@@ -59,6 +72,11 @@ export interface ShmServerOptions {
   readonly pid: number;
   readonly isAlive: (pid: number) => boolean;
   readonly mapFile: MapFile | undefined;
+  /**
+   * Where the runtime can read a peer's Unix credentials: a peer running as this server's user
+   * (or root) is admitted without the read token. Elsewhere every peer must send the token.
+   */
+  readonly peers?: PeerIdentity;
   readonly now: () => number;
   readonly log: (message: string, err?: unknown) => void;
 }
@@ -177,6 +195,8 @@ class ShmConnection {
   readonly #o: ShmServerOptions;
   readonly #decoder = new FrameDecoder();
   #greeted = false;
+  /** Who is at the other end, when the runtime can tell. */
+  readonly #peer: PeerCredentials | undefined;
   #ring: RingFile | undefined;
   #closed = false;
   /** Generation of each slot the client holds (filled and not released). */
@@ -201,6 +221,7 @@ class ShmConnection {
     this.#socket = socket;
     this.#server = server;
     this.#o = o;
+    this.#peer = o.peers?.of(socket);
     socket.on("data", (chunk: Uint8Array) => {
       let msgs;
       try {
@@ -305,8 +326,13 @@ class ShmConnection {
       if (m.version !== SHM_PROTOCOL_VERSION) {
         throw new ShmProtocolError(`Protocol version ${String(m.version)} is not supported: this server speaks ${SHM_PROTOCOL_VERSION}`);
       }
-      if (this.#o.readToken !== undefined && !(typeof m.token === "string" && constantTimeEqual(m.token, this.#o.readToken))) {
-        this.#fail("UNAUTHORIZED", 401, 'Missing or wrong read token: send it as "token" in "hello"');
+      // A peer running as our own user (or root) could read the token from our configuration
+      // anyway: its Unix credentials authenticate it. Anyone else must know the token.
+      const peer = this.#peer;
+      const sameUser = peer !== undefined && (peer.uid === this.#o.peers?.uid || peer.uid === 0);
+      if (this.#o.readToken !== undefined && !sameUser && !(typeof m.token === "string" && constantTimeEqual(m.token, this.#o.readToken))) {
+        const who = peer ? ` (peer pid ${peer.pid} runs as uid ${peer.uid}, not as this server's uid ${this.#o.peers?.uid})` : "";
+        this.#fail("UNAUTHORIZED", 401, `Missing or wrong read token: send it as "token" in "hello"${who}`);
         return;
       }
       this.#greeted = true;

@@ -1,12 +1,14 @@
-import { execFileSync, spawn } from "node:child_process";
-import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { execFile, execFileSync, spawn } from "node:child_process";
+import { promisify } from "node:util";
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient } from "../../src/client/mod.ts";
 import { connectUnix, localTransport } from "../../src/client/node.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
-import { loadNodeMapping } from "../../src/runtime/mmap-node.ts";
+import { loadNodeMapping, loadNodePeerCredentials } from "../../src/runtime/libc-node.ts";
+import { withFd } from "../../src/runtime/socket-fd.ts";
 import type { Origin } from "../../src/origin/origin.ts";
 import {
   decodeRingHeader,
@@ -231,7 +233,7 @@ describe("shared-memory fast path", () => {
     expect(String(badRank.message)).toMatch(/Invalid "rank": 4; expected an integer from 0 to 3/);
     const forged = await exchange([hello, encodeFrame({ t: "release", slot: 0, generation: 7 })], 2);
     expect(String(forged.message)).toMatch(/does not hold/);
-    const badNotify = await exchange([hello, encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 1, startStep: 0, notify: "sometimes" })], 2);
+    const badNotify = await exchange([hello, encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 1, startStep: 0, notify: "sometimes" } as never)], 2);
     expect(String(badNotify.message)).toMatch(/Invalid "notify": "sometimes"; expected "all" or "wait"/);
     const earlyWait = await exchange([hello, encodeFrame({ t: "wait", step: 0 })], 2);
     expect(String(earlyWait.message)).toMatch(/"wait" needs an open consumer with notify "wait"/);
@@ -310,6 +312,43 @@ describe("shared-memory fast path", () => {
       expect(welcome.t).toBe("welcome");
       const c = new RackfeedClient({ url: locked.url, token: "s3cret-token-1", local: localTransport() });
       for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: 2 })) expect(b.transport).toBe("shm");
+    } finally {
+      await locked.close();
+    }
+  });
+
+  it("admits a peer running as the server's user by its Unix credentials (SO_PEERCRED), and asks anyone else for the token", async () => {
+    expect(process.getuid?.(), "this test runs as root, to start a peer as another user").toBe(0);
+    const credentials = loadNodePeerCredentials();
+    expect(credentials, "koffi reads SO_PEERCRED on this machine").toBeDefined();
+    const dir = join(ws.dir, "shm-peer");
+    // Outside the workspace (mode 0700), so that a peer running as nobody can reach it.
+    const socket = `/tmp/rackfeed-peer-${process.pid}-${Date.now()}.sock`;
+    const locked = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--shm-socket", socket, "--read-token", "s3cret-token-2"], {
+      peers: { of: (s) => withFd(s, credentials!), uid: 0 },
+    });
+    try {
+      // Same user (root here): no token needed.
+      expect((await exchange([encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION })], 1, socket)).t).toBe("welcome");
+      // Another user: the socket's mode would keep it out; open it up to see the server's own check.
+      chmodSync(socket, 0o666);
+      // A peer as nobody (uid 65534): a plain node process that sends one frame and prints the first reply.
+      const peer = `
+        const net = require("node:net");
+        const s = net.connect(process.argv[1], () => s.write(Buffer.from(process.argv[2], "hex")));
+        let got = Buffer.alloc(0);
+        s.on("data", (d) => { got = Buffer.concat([got, d]); if (got.length >= 4 && got.length >= 4 + got.readUInt32BE(0)) { console.log(got.toString("hex")); s.destroy(); } });
+        s.on("error", (e) => { console.error(e.message); process.exit(1); });
+      `;
+      // Asynchronous: the server answering it runs in this very process.
+      const asNobody = async (frame: Uint8Array) => {
+        const { stdout } = await promisify(execFile)(NODE, ["-e", peer, socket, Buffer.from(frame).toString("hex")], { uid: 65534, gid: 65534, encoding: "utf8", timeout: 20_000 });
+        return new FrameDecoder().push(Buffer.from(stdout.trim(), "hex"))[0];
+      };
+      const refused = await asNobody(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+      expect(refused).toMatchObject({ t: "error", status: 401 });
+      expect(String(refused.message)).toMatch(/runs as uid 65534, not as this server's uid 0/);
+      expect((await asNobody(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION, token: "s3cret-token-2" }))).t).toBe("welcome");
     } finally {
       await locked.close();
     }

@@ -2,12 +2,14 @@
 // into the mapped slot, the SDK reads the slot with no copy). Run by `npm test`.
 
 import assert from "node:assert/strict";
+import * as net from "node:net";
 import { RackfeedClient } from "../../../src/client/mod.ts";
 import { localTransport } from "../../../src/client/deno.ts";
 import { loadConfig } from "../../../src/config/load.ts";
 import { encodeIndex } from "../../../src/dataset/mod.ts";
 import { denoBody, isAlive, listenDeno } from "../../../src/runtime/deno.ts";
-import { mapFileDeno } from "../../../src/runtime/mmap-deno.ts";
+import { mapFileDeno, peerCredentialsDeno } from "../../../src/runtime/libc-deno.ts";
+import { withFd } from "../../../src/runtime/socket-fd.ts";
 import { createServer } from "../../../src/server.ts";
 
 Deno.test("serves batches over mapped rings with zero copies on the client, byte-identical to HTTP", async () => {
@@ -67,4 +69,21 @@ Deno.test("serves batches over mapped rings with zero copies on the client, byte
     await server.close();
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("reads a local peer's Unix credentials (SO_PEERCRED) through FFI, on node:net's sockets", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-peer-" });
+  const path = `${dir}/p.sock`;
+  const got = await new Promise<unknown>((resolve, reject) => {
+    const server = net.createServer((s) => {
+      resolve(withFd(s, peerCredentialsDeno));
+      s.destroy();
+      server.close();
+    });
+    server.on("error", reject);
+    server.listen(path, () => net.connect(path).on("error", () => {}));
+  });
+  // The peer is this very process (client and server ends are both here).
+  assert.deepEqual(got, { pid: Deno.pid, uid: Deno.uid(), gid: Deno.gid() });
+  await Deno.remove(dir, { recursive: true });
 });

@@ -1,8 +1,11 @@
 /**
- * @module Memory-mapped files on Deno through libc (FFI): the shm path's zero-copy views. The
+ * @module libc on Deno (FFI), for the shm path: memory-mapped ring files (zero-copy views: the
  * server maps a ring read-write and assembles batches straight into its slots; the SDK maps it
- * read-only and hands out typed arrays over the slots. Needs `--allow-ffi` (`-A`).
+ * read-only and hands out typed arrays over the slots) and the Unix credentials of a socket's
+ * peer (SO_PEERCRED). Needs `--allow-ffi` (`-A`).
  */
+
+import type { PeerCredentials } from "../shm/shm-server.ts";
 
 const PROT_READ = 1;
 const PROT_WRITE = 2;
@@ -15,7 +18,11 @@ const LIBC_SYMBOLS = {
   close: { parameters: ["i32"], result: "i32" },
   mmap: { parameters: ["pointer", "usize", "i32", "i32", "i32", "i64"], result: "pointer" },
   munmap: { parameters: ["pointer", "usize"], result: "i32" },
+  getsockopt: { parameters: ["i32", "i32", "i32", "buffer", "buffer"], result: "i32" },
 } as const;
+
+const SOL_SOCKET = 1;
+const SO_PEERCRED = 17;
 
 let libc: Deno.DynamicLibrary<typeof LIBC_SYMBOLS> | undefined;
 
@@ -61,4 +68,18 @@ export function canMapDeno(): boolean {
   } catch {
     return false;
   }
+}
+
+/**
+ * The process, user and group at the other end of a connected Unix socket (SO_PEERCRED, Linux),
+ * or undefined when they cannot be read.
+ *
+ * @param fd the socket's file descriptor
+ */
+export function peerCredentialsDeno(fd: number): PeerCredentials | undefined {
+  const cred = new Uint8Array(12); // struct ucred { pid_t pid; uid_t uid; gid_t gid; }
+  const len = new Uint32Array([cred.length]);
+  if (lib().symbols.getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, new Uint8Array(len.buffer)) !== 0) return undefined;
+  const v = new DataView(cred.buffer);
+  return { pid: v.getInt32(0, true), uid: v.getUint32(4, true), gid: v.getUint32(8, true) };
 }

@@ -1,0 +1,103 @@
+/**
+ * @module libc on Node, called with koffi (Node has no FFI of its own), for the shm path as
+ * `libc-deno.ts` does on Deno: memory-mapped ring files (the server maps a ring read-write and
+ * assembles batches straight into its slots; the SDK maps it read-only) and the Unix
+ * credentials of a socket's peer (SO_PEERCRED). When koffi or glibc is missing (another OS, a
+ * platform without koffi's prebuilt binary) the loaders return undefined and callers fall back
+ * to positional reads and writes, and to the read token.
+ */
+
+import * as fs from "node:fs";
+import { createRequire } from "node:module";
+import type { PeerCredentials } from "../shm/shm-server.ts";
+
+const PROT_READ = 1;
+const PROT_WRITE = 2;
+const MAP_SHARED = 1;
+
+/** Maps the first `bytes` bytes of a file, shared; after `unmap` the view must never be touched again. */
+export type NodeMapFile = (path: string, bytes: number, writable: boolean) => { bytes: Uint8Array; unmap(): void };
+
+let loaded: NodeMapFile | null | undefined;
+
+/**
+ * Binds libc's `mmap`/`munmap` once; later calls return the same binding.
+ *
+ * @returns the mapping function, or undefined where it cannot be bound
+ */
+export function loadNodeMapping(): NodeMapFile | undefined {
+  if (loaded === undefined) {
+    try {
+      loaded = bind();
+    } catch {
+      loaded = null;
+    }
+  }
+  return loaded ?? undefined;
+}
+
+let koffiLibc: { koffi: typeof import("koffi"); libc: ReturnType<typeof import("koffi").load> } | undefined;
+
+function libc() {
+  if (!koffiLibc) {
+    // koffi is CommonJS with a native addon: required lazily, so a platform without its
+    // prebuilt binary still runs (with positional I/O and token-only peers).
+    const koffi = createRequire(import.meta.url)("koffi") as typeof import("koffi");
+    koffiLibc = { koffi, libc: koffi.load("libc.so.6") };
+  }
+  return koffiLibc;
+}
+
+let loadedPeer: ((fd: number) => PeerCredentials | undefined) | null | undefined;
+
+/**
+ * Binds `getsockopt(SO_PEERCRED)` once.
+ *
+ * @returns a function giving the process, user and group at the other end of a connected Unix
+ * socket's descriptor (undefined when it cannot be read), or undefined where it cannot be bound
+ */
+export function loadNodePeerCredentials(): ((fd: number) => PeerCredentials | undefined) | undefined {
+  if (loadedPeer === undefined) {
+    try {
+      const getsockopt = libc().libc.func("int getsockopt(int fd, int level, int name, _Out_ uint8_t *val, _Inout_ uint32_t *len)");
+      loadedPeer = (fd) => {
+        const cred = new Uint8Array(12); // struct ucred { pid_t pid; uid_t uid; gid_t gid; }
+        const len = [cred.length];
+        if (getsockopt(fd, 1 /* SOL_SOCKET */, 17 /* SO_PEERCRED */, cred, len) !== 0) return undefined;
+        const v = new DataView(cred.buffer);
+        return { pid: v.getInt32(0, true), uid: v.getUint32(4, true), gid: v.getUint32(8, true) };
+      };
+    } catch {
+      loadedPeer = null;
+    }
+  }
+  return loadedPeer ?? undefined;
+}
+
+function bind(): NodeMapFile {
+  const { koffi, libc: lib } = libc();
+  const mmap = lib.func("void *mmap(void *addr, size_t len, int prot, int flags, int fd, int64_t off)");
+  const munmap = lib.func("int munmap(void *addr, size_t len)");
+  return (path, bytes, writable) => {
+    const fd = fs.openSync(path, writable ? "r+" : "r");
+    let ptr: unknown;
+    try {
+      ptr = mmap(null, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+    } finally {
+      fs.closeSync(fd); // the mapping keeps the file
+    }
+    // MAP_FAILED is (void*)-1.
+    const address = ptr === null ? 0n : koffi.address(ptr);
+    if (address === 0n || address === 0xffffffffffffffffn) throw new Error(`Cannot map ${bytes} bytes of ${path}`);
+    const view = new Uint8Array(koffi.view(ptr, bytes));
+    let mapped = true;
+    return {
+      bytes: view,
+      unmap() {
+        if (!mapped) return;
+        mapped = false;
+        munmap(ptr, bytes);
+      },
+    };
+  };
+}
