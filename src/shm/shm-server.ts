@@ -8,6 +8,7 @@
 
 import * as fs from "node:fs";
 import * as net from "node:net";
+import { setImmediate } from "node:timers";
 import { assembleSamples, cacheState, ITEM_SIZE } from "../batch/assemble-batch.ts";
 import type { BatchStats } from "../batch/batch-stats.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../batch/dataset-catalog.ts";
@@ -37,6 +38,12 @@ const MAX_CONNECTIONS = 1024;
 const HELLO_TIMEOUT_MS = 5000;
 /** Batch notices of a `notify: "all"` consumer wait at most this long to be sent together. */
 const NOTICE_DELAY_MS = 1;
+/**
+ * A fill loop whose blocks are all in memory never leaves the microtask queue: after this long
+ * it lets the event loop run once, so HTTP requests, other sockets and this client's `wait`
+ * are not starved by a burst of slots.
+ */
+const FILL_SLICE_MS = 2;
 
 /** The Unix credentials of a local peer (SO_PEERCRED). */
 export interface PeerCredentials {
@@ -430,11 +437,16 @@ class ShmConnection {
   async #fill(reg: RegisteredDataset, consumer: { dataset: string; rank: number; world: number; microBatch: number }, from: number, end: number): Promise<void> {
     const ring = this.#ring!;
     const slots = ring.layout.slots;
+    let sliceStart = this.#o.now();
     for (let step = from; step < end; step++) {
       const { slot, generation } = slotOfStep(step, from, slots);
       if (this.#held.has(slot)) {
         this.#flush(); // the client must hear of every batch before we sleep on its releases
         while (this.#held.has(slot) && !this.#closed) await new Promise<void>((r) => (this.#wake = r));
+        sliceStart = this.#o.now();
+      } else if (this.#o.now() - sliceStart > FILL_SLICE_MS) {
+        await new Promise<void>((r) => setImmediate(r));
+        sliceStart = this.#o.now();
       }
       if (this.#closed) return;
       const first = stepSamples(step, consumer.rank, consumer.world, consumer.microBatch);
