@@ -7,7 +7,31 @@
 
 import { canMapDeno, mapFileDeno } from "../runtime/libc-deno.ts";
 import { connectUnix, localTransport as readingTransport, mappedRing, nextTurn, STORES_IN_ORDER } from "./node.ts";
+import { RackfeedClient, type RackfeedClientOptions } from "./client.ts";
 import type { LocalTransport } from "./shm-consumer.ts";
+
+/**
+ * A client that takes the best path by itself on Deno: the shared-memory ring when the server
+ * is on this host (mapped with `--allow-ffi`), else Deno's `fetch`, which negotiates HTTP/2
+ * with HTTPS servers (ALPN) and uses HTTP/1.1 otherwise.
+ *
+ * @param opts the client's options; `ca`: PEM of a private CA or a self-signed server
+ * certificate; `fetch` or `local` given here win over the defaults
+ * @example
+ * ```ts
+ * import { createClient } from "rackfeed/client/deno";
+ * const rf = createClient({ url: "https://rackfeed.rack7:8443", ca });
+ * ```
+ */
+export function createClient(opts: RackfeedClientOptions & { readonly ca?: string }): RackfeedClient {
+  const { ca, ...rest } = opts;
+  let tlsFetch: typeof fetch | undefined;
+  if (ca !== undefined) {
+    const client = Deno.createHttpClient({ caCerts: [ca] });
+    tlsFetch = ((input: RequestInfo | URL, init?: RequestInit) => fetch(input, { ...init, client } as RequestInit)) as typeof fetch;
+  }
+  return new RackfeedClient({ ...(tlsFetch ? { fetch: tlsFetch } : {}), local: localTransport(), ...rest });
+}
 
 /**
  * The shm transport for Deno: mapped rings when FFI is allowed, else positional reads.

@@ -10,7 +10,26 @@ import { arch } from "node:os";
 import { setImmediate } from "node:timers";
 import { Agent, fetch as undiciFetch } from "undici";
 import { loadNodeMapping } from "../runtime/libc-node.ts";
+import { RackfeedClient, type RackfeedClientOptions } from "./client.ts";
 import type { LocalSocket, LocalTransport, RingReader } from "./shm-consumer.ts";
+
+/**
+ * A client that takes the best path by itself on Node: the shared-memory ring when the server
+ * is on this host, else HTTP/2 when an HTTPS server offers it (ALPN), else HTTP/1.1.
+ *
+ * @param opts the client's options; `ca`: PEM of a private CA or a self-signed server
+ * certificate; `fetch` or `local` given here win over the defaults
+ * @example
+ * ```ts
+ * import { createClient } from "rackfeed/client/node";
+ * const rf = createClient({ url: "https://rackfeed.rack7:8443", ca });
+ * for await (const b of rf.batches("pile", { rank, world, microBatch: 4 })) train(b.tokens);
+ * ```
+ */
+export function createClient(opts: RackfeedClientOptions & { readonly ca?: string }): RackfeedClient {
+  const { ca, ...rest } = opts;
+  return new RackfeedClient({ fetch: http2Fetch({ ca }), local: localTransport(), ...rest });
+}
 
 /**
  * A `fetch` that negotiates HTTP/2 with HTTPS servers (many streams over one connection).

@@ -40,17 +40,20 @@ export function listenNode(
     maxSessionMemory: 128,
   };
   let server: net.Server;
-  let sessions: Set<Http2Session> | undefined;
+  // HTTP/2 sessions are closed at shutdown: a client's idle session would otherwise hold
+  // server.close() open for as long as the client keeps it.
+  const sessions = new Set<Http2Session>();
+  const track = (s: Http2Session) => {
+    sessions.add(s);
+    s.once("close", () => sessions.delete(s));
+  };
   const h1 = http.createServer(listener);
   if (tls) {
     server = http2.createSecureServer({ ...h2Options, cert: tls.cert, key: tls.key, allowHTTP1: true }, listener);
+    server.on("session", track);
   } else {
     const h2 = http2.createServer(h2Options, listener);
-    sessions = new Set();
-    h2.on("session", (s: Http2Session) => {
-      sessions!.add(s);
-      s.once("close", () => sessions!.delete(s));
-    });
+    h2.on("session", track);
     server = net.createServer((socket) => {
       socket.once("data", (first) => {
         socket.pause();
@@ -76,7 +79,7 @@ export function listenNode(
           new Promise<void>((done) => {
             server.close(() => done());
             h1.closeIdleConnections();
-            for (const s of sessions ?? []) s.close();
+            for (const s of sessions) s.close();
             (server as http.Server).closeIdleConnections?.();
           }),
       });

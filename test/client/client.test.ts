@@ -1,8 +1,11 @@
+import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
-import { expectSameBytes, freePort, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { createClient, http2Fetch } from "../../src/client/node.ts";
+import { expectSameBytes, freePort, makeWorkspace, patternBytes, readMetric, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { syntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
@@ -97,6 +100,44 @@ describe("RackfeedClient", () => {
       for (const g of got) expectSameBytes(g.bytes, await direct(rf.url, g.step), `step ${g.step}`);
     } finally {
       await server?.close();
+    }
+  });
+});
+
+describe("createClient (rackfeed/client/node)", () => {
+  it("takes the shm path when co-located, else HTTP/2 over TLS (ALPN), with the same bytes", async () => {
+    const key = join(ws.dir, "auto-key.pem");
+    const cert = join(ws.dir, "auto-cert.pem");
+    execFileSync("openssl", [
+      "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+      "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+    ], { stdio: "ignore" });
+    const ca = readFileSync(cert, "utf8");
+    const tls = await startServer(ws, [...args, "--tls-cert", cert, "--tls-key", key, "--shm-dir", join(ws.dir, "shm-auto"), "--cache-dir", join(ws.dir, "c-auto")]);
+    const metrics = http2Fetch({ ca });
+    const served = async (transport: string) => readMetric(await (await metrics(`${tls.url}/metrics`)).text(), "rackfeed_served_bytes_total", { transport });
+    const local = createClient({ url: tls.url, ca });
+    const remote = createClient({ url: tls.url, ca, shm: false });
+    try {
+      expect(await local.transport()).toBe("shm");
+      expect(await remote.transport()).toBe("http");
+      const over: Record<string, Uint8Array[]> = { shm: [], http: [] };
+      for (const c of [local, remote]) {
+        for await (const b of c.batches("d", { rank: 1, world: 2, microBatch: 4, startStep: 3, endStep: 8 })) {
+          over[b.transport].push(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength).slice());
+        }
+      }
+      expect(over.shm.length).toBe(5);
+      expect(over.http.length).toBe(5);
+      over.shm.forEach((b, i) => expectSameBytes(b, over.http[i], `step ${i + 3}`));
+      // The HTTP path negotiated HTTP/2: the server counts the batches' bytes as http2.
+      expect(await served("http2")).toBeGreaterThanOrEqual(over.http.reduce((n, b) => n + b.length, 0));
+      expect(await served("shm")).toBe(over.shm.reduce((n, b) => n + b.length, 0));
+      expect(await served("http1")).toBe(0);
+    } finally {
+      await local.close();
+      await remote.close();
+      await tls.close();
     }
   });
 });

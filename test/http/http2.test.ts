@@ -148,6 +148,23 @@ describe("HTTP/2 on Node", () => {
   });
 });
 
+describe("HTTP/2 shutdown on Node", () => {
+  it("stops while a client still holds an idle HTTPS HTTP/2 session (the server closes it)", async () => {
+    const tls = await startServer(ws, ["--tls-cert", cert, "--tls-key", key, "--cache-dir", join(ws.dir, "c-tls-close")]);
+    const { readFileSync } = await import("node:fs");
+    const client = new Client(tls.url, { allowH2: true, connect: { ca: readFileSync(cert, "utf8") } });
+    try {
+      const res = await client.request({ path: "/healthz", method: "GET" });
+      expect(res.statusCode).toBe(200);
+      await res.body.text();
+      // The session stays open on the client's side; close() must not wait for it.
+      await tls.close();
+    } finally {
+      await client.destroy();
+    }
+  });
+});
+
 describe("HTTP/2 on Deno", () => {
   let plain: ChildServer;
   let secure: ChildServer;

@@ -3,8 +3,7 @@
 
 import assert from "node:assert/strict";
 import * as net from "node:net";
-import { RackfeedClient } from "../../../src/client/mod.ts";
-import { localTransport } from "../../../src/client/deno.ts";
+import { createClient } from "../../../src/client/deno.ts";
 import { loadConfig } from "../../../src/config/load.ts";
 import { encodeIndex } from "../../../src/dataset/mod.ts";
 import { denoBody, isAlive, listenDeno } from "../../../src/runtime/deno.ts";
@@ -37,7 +36,7 @@ Deno.test("serves batches over mapped rings with zero copies on the client, byte
   const listener = await listenDeno(server.fetch, config.listen);
   try {
     await server.startShm(Number(new URL(listener.url).port));
-    const c = new RackfeedClient({ url: listener.url, local: localTransport() });
+    const c = createClient({ url: listener.url }); // shm, mapped, when co-located
     assert.equal(await c.transport(), "shm");
     const want = new Uint8Array(await (await fetch(`${listener.url}/v1/datasets/t/samples?start=0&count=1400`)).arrayBuffer());
     const per = (want.length / 1400) * 2; // micro-batch 2
@@ -86,4 +85,41 @@ Deno.test("reads a local peer's Unix credentials (SO_PEERCRED) through FFI, on n
   // The peer is this very process (client and server ends are both here).
   assert.deepEqual(got, { pid: Deno.pid, uid: Deno.uid(), gid: Deno.gid() });
   await Deno.remove(dir, { recursive: true });
+});
+
+Deno.test("createClient trusts a given CA and reads over HTTPS when the server is not co-located", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-tls-" });
+  await Deno.mkdir(`${dir}/origin`);
+  const bytes = new Uint8Array(300_000).map((_, i) => (i * 31) % 251);
+  await Deno.writeFile(`${dir}/origin/o.bin`, bytes);
+  const openssl = await new Deno.Command("openssl", {
+    args: ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", `${dir}/key.pem`, "-out", `${dir}/cert.pem`, "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+      // rustls refuses a certificate marked CA:TRUE as the server's own; a self-signed one must say CA:FALSE.
+      "-addext", "basicConstraints=critical,CA:FALSE"],
+    stdout: "null",
+    stderr: "null",
+  }).output();
+  assert.equal(openssl.code, 0);
+  const config = loadConfig({
+    args: ["--listen", "127.0.0.1:0", "--origin", `data=${dir}/origin`, "--cache-dir", `${dir}/cache`, "--shm-dir", "off", "--tls-cert", `${dir}/cert.pem`, "--tls-key", `${dir}/key.pem`],
+    env: {},
+    readTextFile: (p) => Deno.readTextFileSync(p),
+    cwd: dir,
+  });
+  const server = await createServer(config, { now: () => performance.now(), log: () => {}, wrapBody: denoBody });
+  const listener = await listenDeno(server.fetch, config.listen, config.tls);
+  const ca = Deno.readTextFileSync(`${dir}/cert.pem`);
+  try {
+    assert.match(listener.url, /^https:/);
+    const c = createClient({ url: listener.url, ca });
+    assert.equal(await c.transport(), "http"); // --shm-dir off
+    assert.deepEqual(await c.readObject("data", "o.bin", { start: 1000, end: 201_000 }), bytes.subarray(1000, 201_000));
+    // Without the CA, the same read fails: the certificate is not trusted by default.
+    await assert.rejects(createClient({ url: listener.url, retries: 0 }).readObject("data", "o.bin"));
+    await c.close();
+  } finally {
+    await listener.close();
+    await server.close();
+    await Deno.remove(dir, { recursive: true });
+  }
 });
