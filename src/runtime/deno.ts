@@ -65,8 +65,23 @@ export function denoHost(): CliHost {
     pid: Deno.pid,
     isAlive,
     mapFile: canMapDeno() ? (path, bytes) => mapFileDeno(path, bytes, true) : undefined,
-    peers: canMapDeno() ? { of: (socket) => withFd(socket, peerCredentialsDeno), uid: Deno.uid() ?? -1 } : undefined,
+    peers: peerIdentity(),
   };
+}
+
+/**
+ * SO_PEERCRED through FFI, and this process's user; undefined (every shm peer then needs the
+ * read token) without `--allow-ffi`, or without `--allow-sys`, which `Deno.uid()` needs.
+ */
+function peerIdentity(): CliHost["peers"] {
+  if (!canMapDeno()) return undefined;
+  let uid: number | null;
+  try {
+    uid = Deno.uid();
+  } catch {
+    return undefined;
+  }
+  return uid === null ? undefined : { of: (socket) => withFd(socket, peerCredentialsDeno), uid };
 }
 
 /** Whether a process id is running (signal 0 probes without signalling). */

@@ -36,6 +36,8 @@ import { type MapFile, removeDeadRings, RING_PREFIX, RingFile, RingSpaceError } 
 const MAX_CONNECTIONS = 1024;
 /** A connection that has not said `hello` within this time is closed. */
 const HELLO_TIMEOUT_MS = 5000;
+/** Control frames a client may leave unread (notices are ~80 bytes) before it is disconnected. */
+const MAX_UNREAD_BYTES = 2 ** 20;
 /** Batch notices of a `notify: "all"` consumer wait at most this long to be sent together. */
 const NOTICE_DELAY_MS = 1;
 /**
@@ -144,8 +146,8 @@ export class ShmServer {
         resolve();
       });
     });
-    // Owner and group: local peers are authenticated by who may open the socket (neither Deno
-    // nor Node exposes SO_PEERCRED) and, when a read token is set, by the token in `hello`.
+    // Owner and group: only they may open the socket; then, with a read token set, a peer is
+    // admitted by its Unix credentials (same user) where the runtime reads them, else by the token.
     fs.chmodSync(opts.socketPath, 0o660);
     return s;
   }
@@ -276,7 +278,21 @@ class ShmConnection {
 
   #send(m: ServerMessage): void {
     this.#flush();
-    if (!this.#closed) this.#socket.write(encodeFrame(m));
+    this.#write(encodeFrame(m));
+  }
+
+  /**
+   * Writes control frames. A client that stops reading them (notices it polls past, or `wait`s
+   * it never reads the answers to) would make Node buffer them without bound: past
+   * `MAX_UNREAD_BYTES` the connection is closed instead (its ring goes with it).
+   */
+  #write(bytes: Uint8Array): void {
+    if (this.#closed) return;
+    this.#socket.write(bytes);
+    if (this.#socket.writableLength > MAX_UNREAD_BYTES) {
+      this.#o.log(`rackfeed: closing a shared-memory client that left ${this.#socket.writableLength} bytes of control frames unread`);
+      void this.end();
+    }
   }
 
   /**
@@ -308,8 +324,7 @@ class ShmConnection {
     if (this.#pending.length === 0) return;
     const frames = this.#pending;
     this.#pending = [];
-    if (this.#closed) return;
-    this.#socket.write(frames.length === 1 ? frames[0] : concatFrames(frames));
+    this.#write(frames.length === 1 ? frames[0] : concatFrames(frames));
   }
 
   #fail(code: string, status: number, message: string): void {
@@ -373,33 +388,37 @@ class ShmConnection {
       this.#fail("BAD_REQUEST", 400, `A batch of ${microBatch} × ${cols} tokens = ${batchBytes} bytes exceeds --max-batch-bytes (${this.#o.maxBatchBytes})`);
       return;
     }
-    // Small batches get a deeper ring when the budget has room for it; else the size asked.
-    let layout = ringLayout(Math.max(asked, Math.min(MAX_RING_SLOTS, Math.floor(MIN_RING_BYTES / batchBytes))), batchBytes);
-    let path = this.#server.reserveRing(layout.fileBytes);
-    if (path === undefined && layout.slots > asked) {
-      layout = ringLayout(asked, batchBytes);
-      path = this.#server.reserveRing(layout.fileBytes);
+    // Small batches get a deeper ring when the budget and the directory have room for it; else
+    // the size asked.
+    const deep = ringLayout(Math.max(asked, Math.min(MAX_RING_SLOTS, Math.floor(MIN_RING_BYTES / batchBytes))), batchBytes);
+    const sizes = deep.slots > asked ? [deep, ringLayout(asked, batchBytes)] : [deep];
+    let refusal = "";
+    for (const layout of sizes) {
+      const path = this.#server.reserveRing(layout.fileBytes);
+      if (path === undefined) {
+        refusal = `Shared-memory budget (--shm-bytes ${this.#o.budgetBytes}) is full; a ring of ${layout.fileBytes} bytes does not fit`;
+        continue;
+      }
+      try {
+        this.#ring = new RingFile(path, layout, this.#o.mapFile);
+        break;
+      } catch (e) {
+        this.#server.releaseRing(layout.fileBytes);
+        if (!(e instanceof RingSpaceError)) throw e;
+        refusal = `${e.message}: ${this.#o.dir} is full; grow it or lower --shm-bytes`;
+      }
     }
-    if (path === undefined) {
+    if (!this.#ring) {
       // SHM_FULL: the SDK falls back to HTTP for this consumer.
-      this.#fail("SHM_FULL", 503, `Shared-memory budget (--shm-bytes ${this.#o.budgetBytes}) is full; a ring of ${layout.fileBytes} bytes does not fit`);
+      this.#fail("SHM_FULL", 503, refusal);
       return;
     }
-    try {
-      this.#ring = new RingFile(path, layout, this.#o.mapFile);
-    } catch (e) {
-      this.#server.releaseRing(layout.fileBytes);
-      if (e instanceof RingSpaceError) {
-        this.#fail("SHM_FULL", 503, `${e.message}: ${this.#o.dir} is full; grow it or lower --shm-bytes`);
-        return;
-      }
-      throw e;
-    }
+    const layout = this.#ring.layout;
     const slots = layout.slots;
     this.#round = { startStep, slots, notify: m.notify === "wait" ? "wait" : "all" };
     this.#send({
       t: "ring",
-      path,
+      path: this.#ring.path,
       slots,
       slotBytes: layout.slotBytes,
       dataOffset: layout.dataOffset,
@@ -419,6 +438,9 @@ class ShmConnection {
       throw new ShmProtocolError(`Release of slot ${slot} generation ${String(generation)}, which the client does not hold`);
     }
     this.#held.delete(slot);
+    // notify "all": a client that now holds only batches whose notices are still held back is
+    // about to wait for them.
+    if (this.#pending.length > 0 && this.#held.size <= this.#pending.length) this.#flush();
     this.#wake?.();
   }
 

@@ -70,4 +70,17 @@ describe("the Deno entry with the Docker image's permissions (no -A)", () => {
     expect(code).toBe(2);
     expect(out).toMatch(/Cannot start the shared-memory path on \/dev\/shm\/rackfeed-\d+\.sock: .*or pass --shm-dir off/);
   }, 120_000);
+  it("starts with --allow-ffi but without --allow-sys (no peer credentials: shm peers need the token)", async () => {
+    const dir = `${ws.dir}/shm-ffi`;
+    const child = await startChild(DENO, [
+      "run", "--allow-net", "--allow-read", "--allow-write", "--allow-env", "--allow-ffi", `${ROOT}src/main.ts`, "serve",
+      "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`, "--cache-dir", `${ws.dir}/c-ffi`, "--shm-dir", dir,
+    ]);
+    try {
+      expect((await fetch(`${child.url}/v1/shm`)).status).toBe(200);
+      expectSameBytes(new Uint8Array(await (await fetch(`${child.url}/v1/objects/data/shard.bin`)).arrayBuffer()), body);
+    } finally {
+      await child.stop();
+    }
+  }, 120_000);
 });

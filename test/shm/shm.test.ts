@@ -1,6 +1,6 @@
 import { execFile, execFileSync, spawn } from "node:child_process";
 import { promisify } from "node:util";
-import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -17,6 +17,7 @@ import {
   FrameDecoder,
   MAX_RING_SLOTS,
   RING_HEADER_BYTES,
+  ringLayout,
   SHM_PROTOCOL_VERSION,
   slotHeaderOffset,
 } from "../../src/shm/protocol.ts";
@@ -293,6 +294,18 @@ describe("shared-memory fast path", () => {
         // pread, not a mapping: a mapped ring stays until the GC drops its views, and would keep the tmpfs busy at umount.
         const small = new RackfeedClient({ url: full.url, local: localTransport({ map: false }) });
         for await (const b of small.batches("d", { rank: 0, world: 1, microBatch: 10, endStep: 3 })) expect(b.transport).toBe("shm");
+        // Deepened rings (64 slots of 4 KiB) fill the 1 MiB tmpfs after three consumers; a fourth
+        // still gets shm, with the ring of the size it asked for (prefetch 2: 3 slots).
+        const held = [];
+        for (let i = 0; i < 4; i++) {
+          const it = small.batches("d", { rank: 0, world: 1, microBatch: 30, endStep: 100, prefetch: 2 });
+          const first = await it.next();
+          expect(first.value!.transport, `consumer ${i}`).toBe("shm");
+          held.push(it);
+        }
+        const sizes = readdirSync(tiny).filter((n) => n.endsWith(".ring")).map((n) => statSync(join(tiny, n)).size).sort((a, b) => a - b);
+        expect(sizes).toEqual([ringLayout(3, 30 * 65 * 2).fileBytes, ...Array(3).fill(ringLayout(MAX_RING_SLOTS, 30 * 65 * 2).fileBytes)]);
+        for (const it of held) await it.return(undefined);
       } finally {
         await full.close();
       }
