@@ -297,15 +297,17 @@ describe("shared-memory fast path", () => {
         // Deepened rings (64 slots of 4 KiB) fill the 1 MiB tmpfs after three consumers; a fourth
         // still gets shm, with the ring of the size it asked for (prefetch 2: 3 slots).
         const held = [];
-        for (let i = 0; i < 4; i++) {
-          const it = small.batches("d", { rank: 0, world: 1, microBatch: 30, endStep: 100, prefetch: 2 });
-          const first = await it.next();
-          expect(first.value!.transport, `consumer ${i}`).toBe("shm");
-          held.push(it);
+        try {
+          for (let i = 0; i < 4; i++) {
+            const it = small.batches("d", { rank: 0, world: 1, microBatch: 30, endStep: 100, prefetch: 2 });
+            held.push(it);
+            expect((await it.next()).value!.transport, `consumer ${i}`).toBe("shm");
+          }
+          const sizes = readdirSync(tiny).filter((n) => n.endsWith(".ring")).map((n) => statSync(join(tiny, n)).size).sort((a, b) => a - b);
+          expect(sizes).toEqual([ringLayout(3, 30 * 65 * 2).fileBytes, ...Array(3).fill(ringLayout(MAX_RING_SLOTS, 30 * 65 * 2).fileBytes)]);
+        } finally {
+          for (const it of held) await it.return(undefined); // rings closed, so the tmpfs can be unmounted
         }
-        const sizes = readdirSync(tiny).filter((n) => n.endsWith(".ring")).map((n) => statSync(join(tiny, n)).size).sort((a, b) => a - b);
-        expect(sizes).toEqual([ringLayout(3, 30 * 65 * 2).fileBytes, ...Array(3).fill(ringLayout(MAX_RING_SLOTS, 30 * 65 * 2).fileBytes)]);
-        for (const it of held) await it.return(undefined);
       } finally {
         await full.close();
       }
