@@ -6,6 +6,7 @@
  */
 
 import type { PeerCredentials } from "../shm/shm-server.ts";
+import { decodeUcred, mappedView, UCRED_BYTES } from "./libc-common.ts";
 
 const PROT_READ = 1;
 const PROT_WRITE = 2;
@@ -48,16 +49,7 @@ export function mapFileDeno(path: string, bytes: number, writable: boolean): { b
   const ptr = c.mmap(null, BigInt(bytes), writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0n);
   c.close(fd); // the mapping keeps the file
   if (ptr === null || Deno.UnsafePointer.value(ptr) === 0xffffffffffffffffn) throw new Error(`Cannot map ${bytes} bytes of ${path}`);
-  const view = new Uint8Array(Deno.UnsafePointerView.getArrayBuffer(ptr, bytes));
-  let mapped = true;
-  return {
-    bytes: view,
-    unmap() {
-      if (!mapped) return;
-      mapped = false;
-      c.munmap(ptr, BigInt(bytes));
-    },
-  };
+  return mappedView(new Uint8Array(Deno.UnsafePointerView.getArrayBuffer(ptr, bytes)), () => c.munmap(ptr, BigInt(bytes)));
 }
 
 /** Whether this Deno can map files (Linux with glibc, FFI allowed). */
@@ -77,9 +69,8 @@ export function canMapDeno(): boolean {
  * @param fd the socket's file descriptor
  */
 export function peerCredentialsDeno(fd: number): PeerCredentials | undefined {
-  const cred = new Uint8Array(12); // struct ucred { pid_t pid; uid_t uid; gid_t gid; }
+  const cred = new Uint8Array(UCRED_BYTES);
   const len = new Uint32Array([cred.length]);
   if (lib().symbols.getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, new Uint8Array(len.buffer)) !== 0) return undefined;
-  const v = new DataView(cred.buffer);
-  return { pid: v.getInt32(0, true), uid: v.getUint32(4, true), gid: v.getUint32(8, true) };
+  return decodeUcred(cred);
 }

@@ -10,6 +10,7 @@
 import * as fs from "node:fs";
 import { createRequire } from "node:module";
 import type { PeerCredentials } from "../shm/shm-server.ts";
+import { decodeUcred, mappedView, UCRED_BYTES } from "./libc-common.ts";
 
 const PROT_READ = 1;
 const PROT_WRITE = 2;
@@ -61,11 +62,9 @@ export function loadNodePeerCredentials(): ((fd: number) => PeerCredentials | un
     try {
       const getsockopt = libc().libc.func("int getsockopt(int fd, int level, int name, _Out_ uint8_t *val, _Inout_ uint32_t *len)");
       loadedPeer = (fd) => {
-        const cred = new Uint8Array(12); // struct ucred { pid_t pid; uid_t uid; gid_t gid; }
-        const len = [cred.length];
-        if (getsockopt(fd, 1 /* SOL_SOCKET */, 17 /* SO_PEERCRED */, cred, len) !== 0) return undefined;
-        const v = new DataView(cred.buffer);
-        return { pid: v.getInt32(0, true), uid: v.getUint32(4, true), gid: v.getUint32(8, true) };
+        const cred = new Uint8Array(UCRED_BYTES);
+        if (getsockopt(fd, 1 /* SOL_SOCKET */, 17 /* SO_PEERCRED */, cred, [cred.length]) !== 0) return undefined;
+        return decodeUcred(cred);
       };
     } catch {
       loadedPeer = null;
@@ -89,15 +88,6 @@ function bind(): NodeMapFile {
     // MAP_FAILED is (void*)-1.
     const address = ptr === null ? 0n : koffi.address(ptr);
     if (address === 0n || address === 0xffffffffffffffffn) throw new Error(`Cannot map ${bytes} bytes of ${path}`);
-    const view = new Uint8Array(koffi.view(ptr, bytes));
-    let mapped = true;
-    return {
-      bytes: view,
-      unmap() {
-        if (!mapped) return;
-        mapped = false;
-        munmap(ptr, bytes);
-      },
-    };
+    return mappedView(new Uint8Array(koffi.view(ptr, bytes)), () => munmap(ptr, bytes));
   };
 }
