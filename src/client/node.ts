@@ -9,6 +9,7 @@ import * as net from "node:net";
 import { arch } from "node:os";
 import { setImmediate } from "node:timers";
 import { Agent, fetch as undiciFetch } from "undici";
+import type { MappedFile } from "../runtime/libc-common.ts";
 import { loadNodeMapping } from "../runtime/libc-node.ts";
 import { RackfeedClient, type RackfeedClientOptions } from "./client.ts";
 import type { LocalSocket, LocalTransport, RingReader } from "./shm-consumer.ts";
@@ -78,10 +79,14 @@ export function nextTurn(): Promise<void> {
 // tokens past the iterator (or past close()), and touching unmapped memory would crash the process.
 const unmapWhenCollected = new FinalizationRegistry<() => void>((unmap) => unmap());
 
-/** A ring reader over a read-only mapping of the ring, unmapped once no view of it is reachable. */
-export function mappedRing(m: { bytes: Uint8Array; unmap(): void }): RingReader {
+/**
+ * A ring reader over a read-only mapping of the ring. Closing it releases the ring's pages
+ * (views kept past the iterator read zeros from then on); the address range is unmapped once
+ * no view of it is reachable.
+ */
+export function mappedRing(m: MappedFile): RingReader {
   unmapWhenCollected.register(m.bytes.buffer, m.unmap);
-  return { mapped: m.bytes, read: (offset, into) => into.set(m.bytes.subarray(offset, offset + into.length)), close() {} };
+  return { mapped: m.bytes, read: (offset, into) => into.set(m.bytes.subarray(offset, offset + into.length)), close: () => m.release() };
 }
 
 /**

@@ -2,15 +2,48 @@
 
 import type { PeerCredentials } from "../shm/shm-server.ts";
 
-/** A mapping's view and an `unmap` that runs once; after it the view must never be touched (it would fault). */
-export function mappedView(view: Uint8Array, munmap: () => void): { bytes: Uint8Array; unmap(): void } {
+/** A mapped file as the bindings return it. */
+export interface MappedFile {
+  readonly bytes: Uint8Array;
+  /** Unmaps (once); after it the view must never be touched (it would fault). */
+  unmap(): void;
+  /**
+   * Lets go of the file's pages but keeps the addresses readable: the range is mapped again
+   * over anonymous zero pages (`MAP_FIXED`). A view kept by mistake then reads zeros instead of
+   * crashing the process, and an unlinked ring's memory goes back to the tmpfs at once instead
+   * of when the garbage collector finally drops the view.
+   */
+  release(): void;
+}
+
+/** `mmap` flags and protections (Linux). */
+export const PROT_READ = 1;
+export const PROT_WRITE = 2;
+export const MAP_SHARED = 0x01;
+export const MAP_PRIVATE = 0x02;
+export const MAP_FIXED = 0x10;
+export const MAP_ANONYMOUS = 0x20;
+/** The flags that put anonymous zero pages over an existing mapping. */
+export const MAP_ZERO_OVER = MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS;
+
+/**
+ * Wraps a mapping: `unmap` runs once, `release` at most once and never after `unmap`.
+ *
+ * @param zeroOver maps anonymous zero pages over the range; returns false when that failed
+ */
+export function mappedView(view: Uint8Array, munmap: () => void, zeroOver: () => boolean): MappedFile {
   let mapped = true;
+  let released = false;
   return {
     bytes: view,
     unmap() {
       if (!mapped) return;
       mapped = false;
       munmap();
+    },
+    release() {
+      if (!mapped || released) return;
+      released = zeroOver();
     },
   };
 }

@@ -6,11 +6,8 @@
  */
 
 import type { PeerCredentials } from "../shm/shm-server.ts";
-import { decodeUcred, mappedView, UCRED_BYTES } from "./libc-common.ts";
+import { decodeUcred, MAP_SHARED, MAP_ZERO_OVER, type MappedFile, mappedView, PROT_READ, PROT_WRITE, UCRED_BYTES } from "./libc-common.ts";
 
-const PROT_READ = 1;
-const PROT_WRITE = 2;
-const MAP_SHARED = 1;
 const O_RDONLY = 0;
 const O_RDWR = 2;
 
@@ -41,7 +38,7 @@ function lib() {
  * @returns the view and `unmap`; after `unmap` the view must never be touched again (it would fault)
  * @throws {Error} when libc is missing (not Linux/glibc) or open/mmap fail
  */
-export function mapFileDeno(path: string, bytes: number, writable: boolean): { bytes: Uint8Array; unmap(): void } {
+export function mapFileDeno(path: string, bytes: number, writable: boolean): MappedFile {
   const c = lib().symbols;
   const fd = c.open(new TextEncoder().encode(`${path}\0`), writable ? O_RDWR : O_RDONLY, 0);
   if (fd < 0) throw new Error(`Cannot open ${path} to map it`);
@@ -49,7 +46,11 @@ export function mapFileDeno(path: string, bytes: number, writable: boolean): { b
   const ptr = c.mmap(null, BigInt(bytes), writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0n);
   c.close(fd); // the mapping keeps the file
   if (ptr === null || Deno.UnsafePointer.value(ptr) === 0xffffffffffffffffn) throw new Error(`Cannot map ${bytes} bytes of ${path}`);
-  return mappedView(new Uint8Array(Deno.UnsafePointerView.getArrayBuffer(ptr, bytes)), () => c.munmap(ptr, BigInt(bytes)));
+  return mappedView(
+    new Uint8Array(Deno.UnsafePointerView.getArrayBuffer(ptr, bytes)),
+    () => c.munmap(ptr, BigInt(bytes)),
+    () => Deno.UnsafePointer.equals(c.mmap(ptr, BigInt(bytes), PROT_READ, MAP_ZERO_OVER, -1, 0n), ptr),
+  );
 }
 
 /** Whether this Deno can map files (Linux with glibc, FFI allowed). */

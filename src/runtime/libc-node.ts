@@ -10,14 +10,11 @@
 import * as fs from "node:fs";
 import { createRequire } from "node:module";
 import type { PeerCredentials } from "../shm/shm-server.ts";
-import { decodeUcred, mappedView, UCRED_BYTES } from "./libc-common.ts";
+import { decodeUcred, MAP_SHARED, MAP_ZERO_OVER, type MappedFile, mappedView, PROT_READ, PROT_WRITE, UCRED_BYTES } from "./libc-common.ts";
 
-const PROT_READ = 1;
-const PROT_WRITE = 2;
-const MAP_SHARED = 1;
 
-/** Maps the first `bytes` bytes of a file, shared; after `unmap` the view must never be touched again. */
-export type NodeMapFile = (path: string, bytes: number, writable: boolean) => { bytes: Uint8Array; unmap(): void };
+/** Maps the first `bytes` bytes of a file, shared. */
+export type NodeMapFile = (path: string, bytes: number, writable: boolean) => MappedFile;
 
 let loaded: NodeMapFile | null | undefined;
 
@@ -88,6 +85,13 @@ function bind(): NodeMapFile {
     // MAP_FAILED is (void*)-1.
     const address = ptr === null ? 0n : koffi.address(ptr);
     if (address === 0n || address === 0xffffffffffffffffn) throw new Error(`Cannot map ${bytes} bytes of ${path}`);
-    return mappedView(new Uint8Array(koffi.view(ptr, bytes)), () => munmap(ptr, bytes));
+    return mappedView(
+      new Uint8Array(koffi.view(ptr, bytes)),
+      () => munmap(ptr, bytes),
+      () => {
+        const again = mmap(ptr, bytes, PROT_READ, MAP_ZERO_OVER, -1, 0);
+        return again !== null && koffi.address(again) === address;
+      },
+    );
   };
 }

@@ -1,6 +1,6 @@
 import { execFile, execFileSync, spawn } from "node:child_process";
 import { promisify } from "node:util";
-import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, statfsSync, statSync, writeFileSync } from "node:fs";
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -313,6 +313,34 @@ describe("shared-memory fast path", () => {
       }
     } finally {
       execFileSync("umount", [tiny]);
+    }
+  });
+
+  it("gives a finished ring's memory back at once: a mapped client's kept view then reads zeros, and the tmpfs is free", async () => {
+    const tmpfs = join(ws.dir, "tmpfs-release");
+    mkdirSync(tmpfs);
+    execFileSync("mount", ["-t", "tmpfs", "-o", "size=16m", "tmpfs", tmpfs]);
+    try {
+      const free = () => statfsSync(tmpfs).bfree;
+      const before = free();
+      const server = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", tmpfs]);
+      try {
+        const c = new RackfeedClient({ url: server.url, local: localTransport() }); // mapped (koffi)
+        let last: Uint16Array | undefined;
+        let whileOpen = 0;
+        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 50, endStep: 20 })) {
+          expect(b.transport).toBe("shm");
+          last = b.tokens as Uint16Array;
+          whileOpen = Math.max(whileOpen, before - free());
+        }
+        expect(whileOpen).toBeGreaterThan(0); // the ring took tmpfs pages while in use
+        expect(last!.some((t) => t !== 0), "a kept view no longer shows the batch").toBe(false);
+        await waitFor(async () => free() === before, "the ring's tmpfs pages to be free");
+      } finally {
+        await server.close();
+      }
+    } finally {
+      execFileSync("umount", [tmpfs]); // nothing maps the tmpfs any more
     }
   });
 

@@ -42,6 +42,7 @@ Deno.test("serves batches over mapped rings with zero copies on the client, byte
     const per = (want.length / 1400) * 2; // micro-batch 2
     let n = 0;
     let ringBytes = 0;
+    let lastView: Uint8Array | undefined;
     for await (const b of c.batches("t", { rank: 0, world: 1, microBatch: 2, endStep: 700, prefetch: 3 })) {
       assert.equal(b.transport, "shm");
       assert.equal(b.step, n++);
@@ -51,9 +52,12 @@ Deno.test("serves batches over mapped rings with zero copies on the client, byte
       assert.equal(files.length, 1);
       assert.equal(ringBytes, Deno.statSync(`${dir}/shm/${files[0].name}`).size);
       const got = new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength);
+      lastView = got;
       assert.deepEqual(got, want.subarray(b.step * per, (b.step + 1) * per), `step ${b.step}`);
     }
     assert.equal(n, 700);
+    // The iterator's end released the ring's pages: a view kept past it reads zeros, no crash.
+    assert.ok(lastView !== undefined && lastView.every((t) => t === 0));
     assert.ok(ringBytes >= 4 * 4096);
     // The ring goes with the connection.
     for (let i = 0; i < 100 && [...Deno.readDirSync(`${dir}/shm`)].some((e) => e.name.endsWith(".ring")); i++) {
