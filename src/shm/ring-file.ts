@@ -102,6 +102,11 @@ export class RingFile {
     fs.writeSync(this.#fd, h, 0, 8, at);
   }
 
+  /** Removes the file's name; the mapping and the pages stay until `close()`. */
+  unlink(): void {
+    fs.rmSync(this.path, { force: true });
+  }
+
   /** Unmaps, closes and removes the file. Call only when no fill is writing into `target()`. */
   close(): void {
     if (this.#closed) return;

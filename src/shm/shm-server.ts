@@ -254,7 +254,7 @@ class ShmConnection {
   }
 
   /**
-   * Stops filling, waits for a fill writing into the ring, then removes the ring.
+   * Stops filling and removes the ring's file; its mapping goes once the fill loop has stopped.
    *
    * @param graceful let frames already written (an error) reach the client before the socket closes
    */
@@ -266,14 +266,21 @@ class ShmConnection {
       if (graceful) this.#socket.end();
       else this.#socket.destroy();
     }
-    // The pump may be copying into the mapped ring: unmapping under it would fault.
-    await this.#pump;
-    if (this.#ring) {
-      const bytes = this.#ring.layout.fileBytes;
-      this.#ring.close();
-      this.#ring = undefined;
-      this.#server.releaseRing(bytes);
-    }
+    const ring = this.#ring;
+    if (!ring) return;
+    this.#ring = undefined;
+    // The name goes now, so nothing is left behind even if this process dies next. The mapping
+    // stays until the fill loop has stopped: it may be waiting on an origin and then copy into
+    // its slot, and unmapping under it would fault. Shutdown does not wait for that origin.
+    ring.unlink();
+    void (this.#pump ?? Promise.resolve()).then(() => {
+      try {
+        ring.close();
+      } catch (e) {
+        this.#o.log(`rackfeed: closing ring ${ring.path} failed`, e);
+      }
+      this.#server.releaseRing(ring.layout.fileBytes);
+    });
   }
 
   #send(m: ServerMessage): void {

@@ -171,8 +171,10 @@ describe("shared-memory fast path", () => {
     expect(rings().length).toBe(1);
     expect(await rf.metric("rackfeed_shm_rings")).toBe(1);
     child.kill("SIGKILL");
-    await waitFor(async () => rings().length === 0 && (await rf.metric("rackfeed_shm_rings")) === 0, "the killed client's ring to be removed");
-    expect(await rf.metric("rackfeed_shm_ring_bytes")).toBe(0);
+    await waitFor(
+      async () => rings().length === 0 && (await rf.metric("rackfeed_shm_rings")) === 0 && (await rf.metric("rackfeed_shm_ring_bytes")) === 0,
+      "the killed client's ring to be removed and its bytes given back",
+    );
   });
 
   it("fills slots in a fixed round, and tells a polling client of a batch only when it waits for it", async () => {
@@ -341,6 +343,51 @@ describe("shared-memory fast path", () => {
       }
     } finally {
       execFileSync("umount", [tmpfs]); // nothing maps the tmpfs any more
+    }
+  });
+
+  it("removes the ring file of a departed client at once, even while its fill waits on a stalled origin", async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    let stalling = false;
+    let stalled = 0;
+    const dir = join(ws.dir, "shm-stall");
+    const stuck = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--cache-dir", join(ws.dir, "c-stall")], {
+      makeOrigin: (spec) => {
+        const fs = new FsOrigin({ name: spec.name, root: (spec as { root: string }).root });
+        return new Proxy(fs, {
+          get(target, prop, receiver) {
+            const v = Reflect.get(target, prop, receiver);
+            if (typeof v !== "function") return v;
+            if (prop !== "read") return v.bind(target);
+            return async (...a: unknown[]) => {
+              if (stalling) {
+                stalled++;
+                await gate; // an origin that stopped answering
+              }
+              return (v as (...x: unknown[]) => unknown).apply(target, a);
+            };
+          },
+        });
+      },
+    });
+    stalling = true; // from now on: the dataset's index was read at start-up
+    const s = await connectUnix(join(dir, `rackfeed-${new URL(stuck.url).port}.sock`));
+    const ringFiles = () => (existsSync(dir) ? readdirSync(dir).filter((n) => n.endsWith(".ring")) : []);
+    try {
+      s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+      s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 4, startStep: 0 }));
+      await waitFor(async () => stalled > 0 && ringFiles().length === 1, "a fill to wait on the origin");
+      s.close();
+      // The file goes now; its mapping and budget wait for the fill, which waits for the origin.
+      await waitFor(async () => ringFiles().length === 0 && (await stuck.metric("rackfeed_shm_rings")) === 0, "the ring file to be removed");
+      expect(await stuck.metric("rackfeed_shm_ring_bytes")).toBeGreaterThan(0);
+      release();
+      await waitFor(async () => (await stuck.metric("rackfeed_shm_ring_bytes")) === 0, "the ring's budget to come back once the fill stops");
+    } finally {
+      s.close();
+      release();
+      await stuck.close();
     }
   });
 
