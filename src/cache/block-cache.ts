@@ -334,11 +334,22 @@ export class BlockCache {
     };
   }
 
-  /** Waits for fills in flight and pending disk writes. */
-  async close(): Promise<void> {
-    await Promise.allSettled([...this.#flights.values()].map((f) => f.done));
+  /**
+   * Waits for fills in flight (at most `graceMs`: an origin that stopped answering must not hold
+   * a shutdown forever; those fills are abandoned) and for pending disk writes.
+   */
+  async close(graceMs = CLOSE_GRACE_MS): Promise<void> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    await Promise.race([
+      Promise.allSettled([...this.#flights.values()].map((f) => f.done)),
+      new Promise<void>((r) => (timer = setTimeout(r, graceMs))),
+    ]);
+    clearTimeout(timer);
     await this.#disk?.flush();
   }
 }
 
 const EMPTY = new Uint8Array(0);
+
+/** How long `close()` waits for fills still reading from an origin. */
+export const CLOSE_GRACE_MS = 5000;

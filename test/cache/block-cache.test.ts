@@ -264,6 +264,27 @@ describe("adaptive stream read-ahead", () => {
     expect(await rf.metric("rackfeed_origin_requests_total", { origin: "data", op: "read" })).toBe(64);
   });
 
+  it("closes while a fill still waits on an origin that stopped answering, after its grace period", async () => {
+    await ws.put("hung.bin", patternBytes(64 * KiB, 12));
+    const origin = new GatedOrigin(ws.origin); // every read waits until release()
+    const gw = new OriginGateway(origin, { concurrency: 8, maxQueue: 100, metadataTtl: 0 });
+    const cache = new BlockCache({
+      memory: new MemoryTier({ maxBytes: 16 * 2 ** 20 }),
+      blockBytes: 64 * KiB,
+      partBytes: 64 * KiB,
+      readAheadBlocks: 0,
+      now: () => performance.now(),
+    });
+    const info = await gw.stat("hung.bin");
+    const waiting = cache.block(gw, "hung.bin", info, 0);
+    waiting.catch(() => {});
+    await waitFor(async () => origin.reads > 0, "the fill to reach the origin");
+    expect(cache.stats().inFlight).toBe(1);
+    await cache.close(50); // returns although the origin never answered
+    origin.release();
+    expectSameBytes(await waiting, patternBytes(64 * KiB, 12)); // the abandoned fill still completes for whoever waits
+  });
+
   it("keeps the configured depth for a reader slower than the origin", async () => {
     const body = patternBytes(16 * 64 * KiB, 10);
     await ws.put("near.bin", body);
