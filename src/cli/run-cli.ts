@@ -148,8 +148,19 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   }
   await new Promise<void>((resolve) => host.onShutdown(resolve));
   host.print("rackfeed: shutting down (draining requests, flushing the disk tier)");
-  await listener.close();
-  await server.close();
+  // A request or fill waiting on an origin that stopped answering must not hold the process:
+  // after --shutdown-grace the entry exits without them.
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const drained = await Promise.race([
+    (async () => {
+      await listener.close();
+      await server.close();
+      return true;
+    })(),
+    new Promise<false>((r) => (timer = setTimeout(() => r(false), config.shutdownGrace))),
+  ]);
+  clearTimeout(timer);
+  if (!drained) host.printError(`rackfeed: requests or origin fills still in flight after --shutdown-grace (${config.shutdownGrace} ms); exiting without them`);
   return 0;
 }
 

@@ -326,6 +326,14 @@ export const TUNABLES = {
     parse: sizeIn(MiB, 4 * TiB),
     doc: "Byte budget of all shm rings together (they live in RAM); a ring that does not fit is refused and the client uses HTTP",
   } as Tunable<number>,
+  shutdownGrace: {
+    key: "shutdownGrace",
+    flag: "--shutdown-grace",
+    env: "RACKFEED_SHUTDOWN_GRACE",
+    default: "10s",
+    parse: positiveDurationIn(600_000),
+    doc: "On SIGINT/SIGTERM, how long requests and origin fills in flight may take to finish before the process exits without them",
+  } as Tunable<number>,
   tlsCert: {
     key: "tlsCert",
     flag: "--tls-cert",

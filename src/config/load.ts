@@ -58,6 +58,7 @@ export interface Config {
   readonly shmSocket: string | undefined;
   readonly shmSlots: number;
   readonly shmBytes: number;
+  readonly shutdownGrace: number;
   readonly adminToken: string | undefined;
   /** PEM certificate and key, read at start-up; undefined serves cleartext. */
   readonly tls: { readonly cert: string; readonly key: string } | undefined;

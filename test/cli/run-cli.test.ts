@@ -1,4 +1,5 @@
 import { mkdtemp, rm } from "node:fs/promises";
+import * as net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -73,6 +74,33 @@ describe("rackfeed command line (Node entry)", () => {
       expect(metrics).toMatch(/rackfeed_cache_misses_total [1-9]/);
     } finally {
       expect(await demo.stop()).toBe(0);
+    }
+  });
+
+  it("exits after --shutdown-grace on SIGTERM although a request waits on an origin that stopped answering", async () => {
+    // An S3 endpoint that accepts connections and never answers.
+    const held: net.Socket[] = [];
+    const blackHole = net.createServer((s) => held.push(s.on("error", () => {})));
+    await new Promise<void>((r) => blackHole.listen(0, "127.0.0.1", r));
+    const env = { AWS_ENDPOINT_URL: `http://127.0.0.1:${(blackHole.address() as net.AddressInfo).port}`, AWS_ACCESS_KEY_ID: "k", AWS_SECRET_ACCESS_KEY: "s", AWS_REGION: "us-east-1" };
+    const saved = Object.fromEntries(Object.keys(env).map((k) => [k, process.env[k]]));
+    Object.assign(process.env, env); // the child inherits them
+    try {
+      const server = await startChild(NODE, [
+        ...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0", "--origin", "data=s3://bucket/prefix", "--origin-timeout", "600s",
+        "--shutdown-grace", "1s", "--shm-dir", "off", "--cache-dir", join(cwd, "c-grace"),
+      ], cwd);
+      const hanging = fetch(`${server.url}/v1/objects/data/never.bin`).catch(() => undefined);
+      for (let i = 0; i < 500 && held.length === 0; i++) await new Promise((r) => setTimeout(r, 20));
+      expect(held.length, "the request reached the silent origin").toBeGreaterThan(0);
+      expect(await server.stop()).toBe(0); // would wait for the origin (10 minutes) without the grace
+      expect(server.output()).toMatch(/still in flight after --shutdown-grace \(1000 ms\); exiting without them/);
+      await hanging;
+    } finally {
+      for (const [k, v] of Object.entries(saved)) if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+      for (const s of held) s.destroy();
+      blackHole.close();
     }
   });
 });
