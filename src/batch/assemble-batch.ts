@@ -46,12 +46,47 @@ const BLOCK_KEY = 2 ** 32;
 /** The planning scratch shared by all calls of `planSamples`. */
 let scratch = new Float64Array(PIECE_STRIDE * 4096);
 
+/** Bytes of plans kept for reuse, all datasets together. */
+const PLAN_CACHE_BYTES = 32 * 2 ** 20;
+/** Recent plans, least recently used first: read-ahead plans step s+K, and step s's batch finds its plan here. */
+const plans = new Map<string, { plan: SamplePlan; bytes: number }>();
+let planBytes = 0;
+/** A number per registered dataset version (a rebuilt dataset is a new object, so its plans are new too). */
+const regIds = new WeakMap<RegisteredDataset, number>();
+let lastRegId = 0;
+
 /**
- * Plans the pieces of samples `[first, first + count)` and the blocks they need.
+ * Plans the pieces of samples `[first, first + count)` and the blocks they need. Plans are
+ * kept (within `PLAN_CACHE_BYTES`) and shared: the same run of samples is planned once for its
+ * read-ahead and its batch. The result must not be modified.
  *
  * @throws {RangeNotSatisfiableError} when the run leaves `[0, numSamples)`
  */
 export function planSamples(reg: RegisteredDataset, first: number, count: number, blockBytes: number): SamplePlan {
+  let id = regIds.get(reg);
+  if (id === undefined) regIds.set(reg, (id = ++lastRegId));
+  const key = `${id}:${first}:${count}:${blockBytes}`;
+  const kept = plans.get(key);
+  if (kept) {
+    plans.delete(key); // to the most recent end
+    plans.set(key, kept);
+    return kept.plan;
+  }
+  const plan = computePlan(reg, first, count, blockBytes);
+  const bytes = plan.pieces.byteLength + plan.blocks.length * 8 + 256;
+  if (bytes <= PLAN_CACHE_BYTES / 16) {
+    plans.set(key, { plan, bytes });
+    planBytes += bytes;
+    for (const [k, v] of plans) {
+      if (planBytes <= PLAN_CACHE_BYTES) break;
+      plans.delete(k);
+      planBytes -= v.bytes;
+    }
+  }
+  return plan;
+}
+
+function computePlan(reg: RegisteredDataset, first: number, count: number, blockBytes: number): SamplePlan {
   const ds = reg.dataset;
   if (first + count > ds.numSamples) {
     throw new RangeNotSatisfiableError(
