@@ -16,15 +16,14 @@ export interface MappedFile {
   release(): void;
 }
 
-/** `mmap` flags and protections (Linux). */
+/** Pages may be read (`mmap` protection, Linux). */
 export const PROT_READ = 1;
+/** Pages may be written (`mmap` protection, Linux). */
 export const PROT_WRITE = 2;
+/** Stores reach the file and every other mapping of it (`mmap` flag, Linux). */
 export const MAP_SHARED = 0x01;
-export const MAP_PRIVATE = 0x02;
-export const MAP_FIXED = 0x10;
-export const MAP_ANONYMOUS = 0x20;
-/** The flags that put anonymous zero pages over an existing mapping. */
-export const MAP_ZERO_OVER = MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS;
+/** The flags that put private anonymous zero pages exactly over an existing mapping (Linux: PRIVATE | FIXED | ANONYMOUS). */
+export const MAP_ZERO_OVER = 0x02 | 0x10 | 0x20;
 
 /**
  * Wraps a mapping: `unmap` runs once, `release` at most once and never after `unmap`.
