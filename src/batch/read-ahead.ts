@@ -227,7 +227,7 @@ export class ReadAhead {
       let buffered = 0;
       const last = Math.min(this.#lastStep(c), c.step + maxSteps);
       outer: for (let s = c.step + 1; s <= last; s++) {
-        const plan = planSamples(c.reg, stepSamples(s, c.key.rank, c.key.world, c.key.microBatch), c.key.microBatch, cache.blockBytes);
+        const plan = planSamples(c.reg, stepSamples(s, c.key.rank, c.key.world, c.key.microBatch), c.key.microBatch, cache.blockBytes, false);
         for (const packed of plan.blocks) {
           const { source, index } = unpackBlock(packed);
           const f = c.reg.files[source];

@@ -253,7 +253,7 @@ export class PrefetchJobs {
     const seen = new Set<number>();
     for (let step = from; step < to; step++) {
       const first = stepSamples(step, req.rank, req.world, req.microBatch);
-      const plan = planSamples(reg, first, req.microBatch, blockBytes);
+      const plan = planSamples(reg, first, req.microBatch, blockBytes, false);
       for (const packed of plan.blocks) {
         if (seen.has(packed)) continue;
         seen.add(packed);

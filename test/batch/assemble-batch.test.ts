@@ -26,14 +26,18 @@ afterAll(async () => {
 describe("batch planning", () => {
   it("plans a run of samples once and shares the plan (read-ahead and the batch), per dataset version", async () => {
     const reg = await rf.server.datasets.get("d");
-    const plan = planSamples(reg, 40, 8, 8192);
-    expect(planSamples(reg, 40, 8, 8192)).toBe(plan); // the same run: the kept plan
-    expect(planSamples(reg, 40, 9, 8192)).not.toBe(plan); // another run: its own plan
-    expect(planSamples(reg, 40, 9, 8192).pieceCount).toBeGreaterThanOrEqual(plan.pieceCount);
-    expect(planSamples(reg, 40, 8, 4096)).not.toBe(plan); // other block size, other blocks
+    const plan = planSamples(reg, 40, 16, 8192);
+    expect(planSamples(reg, 40, 16, 8192)).toBe(plan); // the same run: the kept plan
+    expect(planSamples(reg, 40, 17, 8192)).not.toBe(plan); // another run: its own plan
+    expect(planSamples(reg, 40, 17, 8192).pieceCount).toBeGreaterThanOrEqual(plan.pieceCount);
+    expect(planSamples(reg, 40, 16, 4096)).not.toBe(plan); // other block size, other blocks
+    expect(planSamples(reg, 40, 16, 8192, false)).toBe(plan); // a one-off use still finds a kept plan
+    expect(planSamples(reg, 80, 16, 8192, false)).not.toBe(planSamples(reg, 80, 16, 8192, false)); // and keeps none
+    // Short runs are cheaper to plan again than to keep.
+    expect(planSamples(reg, 40, 4, 8192)).not.toBe(planSamples(reg, 40, 4, 8192));
     // The kept plan assembles the same bytes as the HTTP route.
-    const viaPlan = await assembleSamples(rf.server.cache, reg, 40, 8, 2 ** 30);
-    const viaHttp = new Uint8Array(await (await fetch(`${rf.url}/v1/datasets/d/samples?start=40&count=8`)).arrayBuffer());
+    const viaPlan = await assembleSamples(rf.server.cache, reg, 40, 16, 2 ** 30);
+    const viaHttp = new Uint8Array(await (await fetch(`${rf.url}/v1/datasets/d/samples?start=40&count=16`)).arrayBuffer());
     expect(Buffer.from(viaPlan.body).equals(Buffer.from(viaHttp))).toBe(true);
     // A new version of the dataset (registered again, another seed) plans afresh.
     const res = await fetch(`${rf.url}/v1/datasets/d`, {
@@ -44,7 +48,7 @@ describe("batch planning", () => {
     expect(res.ok, String(res.status)).toBe(true);
     const rebuilt = await rf.server.datasets.get("d");
     expect(rebuilt).not.toBe(reg);
-    expect(planSamples(rebuilt, 40, 8, 8192)).not.toBe(plan);
+    expect(planSamples(rebuilt, 40, 16, 8192)).not.toBe(plan);
   });
 
   it("refuses a run past the last sample, and keeps no plan for it", async () => {
