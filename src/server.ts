@@ -39,8 +39,10 @@ export interface RackfeedServer {
    * @throws {ShmStartupError} when the socket path is too long, held by a live server, or the directory is unusable
    */
   startShm(port: number): Promise<ShmServer | undefined>;
-  /** Waits for fills and disk writes in flight, then closes origins. */
-  close(): Promise<void>;
+  /**
+   * Waits for fills (at most `graceMs`, default 5 s) and disk writes in flight, then closes origins.
+   */
+  close(graceMs?: number): Promise<void>;
 }
 
 /** Things `createServer` takes from its surroundings rather than from globals. */
@@ -252,10 +254,10 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
       }
       return shm;
     },
-    async close() {
+    async close(graceMs?: number) {
       await shm?.close();
       prefetch.close();
-      await cache.close();
+      await cache.close(graceMs);
       await Promise.all([...origins.values()].map((o) => o.origin.close()));
     },
   };

@@ -149,19 +149,19 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   await new Promise<void>((resolve) => host.onShutdown(resolve));
   host.print("rackfeed: shutting down (draining requests, flushing the disk tier)");
   // A request or fill waiting on an origin that stopped answering must not hold the process:
-  // after --shutdown-grace the entry exits without them.
+  // requests get --shutdown-grace, and whatever is left of it goes to fills; the server's own
+  // close (shm rings and socket removed, disk writes finished) always runs.
+  const deadline = host.now() + config.shutdownGrace;
   let timer: ReturnType<typeof setTimeout> | undefined;
-  const drained = await Promise.race([
-    (async () => {
-      await listener.close();
-      await server.close();
-      return true;
-    })(),
+  const answered = await Promise.race([
+    listener.close().then(() => true),
     new Promise<false>((r) => (timer = setTimeout(() => r(false), config.shutdownGrace))),
   ]);
   clearTimeout(timer);
-  if (!drained) host.printError(`rackfeed: requests or origin fills still in flight after --shutdown-grace (${config.shutdownGrace} ms); exiting without them`);
-  return 0;
+  await server.close(Math.max(0, deadline - host.now()));
+  if (answered) return 0;
+  host.printError(`rackfeed: requests still in flight after --shutdown-grace (${config.shutdownGrace} ms); exiting without them`);
+  return 1;
 }
 
 /** Flags the demo adds in front of the user's own, so the user's still win. */

@@ -30,7 +30,7 @@ export function createClient(opts: RackfeedClientOptions & { readonly ca?: strin
     const client = Deno.createHttpClient({ caCerts: [ca] });
     tlsFetch = ((input: RequestInfo | URL, init?: RequestInit) => fetch(input, { ...init, client } as RequestInit)) as typeof fetch;
   }
-  return new RackfeedClient({ ...(tlsFetch ? { fetch: tlsFetch } : {}), local: localTransport(), ...rest });
+  return new RackfeedClient({ ...rest, fetch: rest.fetch ?? tlsFetch, local: rest.local ?? localTransport() });
 }
 
 /**

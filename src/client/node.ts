@@ -29,7 +29,7 @@ import type { LocalSocket, LocalTransport, RingReader } from "./shm-consumer.ts"
  */
 export function createClient(opts: RackfeedClientOptions & { readonly ca?: string }): RackfeedClient {
   const { ca, ...rest } = opts;
-  return new RackfeedClient({ fetch: http2Fetch({ ca }), local: localTransport(), ...rest });
+  return new RackfeedClient({ ...rest, fetch: rest.fetch ?? http2Fetch({ ca }), local: rest.local ?? localTransport() });
 }
 
 /**

@@ -77,6 +77,8 @@ function peerIdentity(): CliHost["peers"] {
   if (!canMapDeno()) return undefined;
   let uid: number | null;
   try {
+    // Asked first: on a terminal, Deno.uid() without the permission would prompt for it.
+    if (Deno.permissions.querySync({ name: "sys", kind: "uid" }).state !== "granted") return undefined;
     uid = Deno.uid();
   } catch {
     return undefined;

@@ -48,6 +48,10 @@ export function listenNode(
     s.once("close", () => sessions.delete(s));
   };
   const h1 = http.createServer(listener);
+  // h1 gets its connections from the port-sharing server below and never listens itself, so
+  // its connection tracking (idle keep-alive sockets closed at shutdown, header and request
+  // timeouts) is started here as `listen` would start it.
+  h1.emit("listening");
   if (tls) {
     server = http2.createSecureServer({ ...h2Options, cert: tls.cert, key: tls.key, allowHTTP1: true }, listener);
     server.on("session", track);
@@ -78,7 +82,7 @@ export function listenNode(
         close: () =>
           new Promise<void>((done) => {
             server.close(() => done());
-            h1.closeIdleConnections();
+            h1.close(); // not listening: this closes its idle connections and stops its timeout checks
             for (const s of sessions) s.close();
             (server as http.Server).closeIdleConnections?.();
           }),

@@ -230,7 +230,7 @@ class ShmConnection {
     this.#socket = socket;
     this.#server = server;
     this.#o = o;
-    this.#peer = o.peers?.of(socket);
+    this.#peer = peerOf(o.peers, socket);
     socket.on("data", (chunk: Uint8Array) => {
       let msgs;
       try {
@@ -494,6 +494,15 @@ class ShmConnection {
       this.#o.readAhead.observe(reg, consumer, step);
     }
     this.#send({ t: "end", step: end });
+  }
+}
+
+/** A peer's credentials, or undefined when they cannot be read (then the read token decides). */
+function peerOf(peers: PeerIdentity | undefined, socket: net.Socket): PeerCredentials | undefined {
+  try {
+    return peers?.of(socket);
+  } catch {
+    return undefined;
   }
 }
 

@@ -1,3 +1,4 @@
+import { readdirSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import * as net from "node:net";
 import { tmpdir } from "node:os";
@@ -88,13 +89,16 @@ describe("rackfeed command line (Node entry)", () => {
     try {
       const server = await startChild(NODE, [
         ...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0", "--origin", "data=s3://bucket/prefix", "--origin-timeout", "600s",
-        "--shutdown-grace", "1s", "--shm-dir", "off", "--cache-dir", join(cwd, "c-grace"),
+        "--shutdown-grace", "1s", "--shm-dir", join(cwd, "shm-grace"), "--cache-dir", join(cwd, "c-grace"),
       ], cwd);
+      expect(readdirSync(join(cwd, "shm-grace")).some((n) => n.endsWith(".sock"))).toBe(true);
       const hanging = fetch(`${server.url}/v1/objects/data/never.bin`).catch(() => undefined);
       for (let i = 0; i < 500 && held.length === 0; i++) await new Promise((r) => setTimeout(r, 20));
       expect(held.length, "the request reached the silent origin").toBeGreaterThan(0);
-      expect(await server.stop()).toBe(0); // would wait for the origin (10 minutes) without the grace
+      expect(await server.stop()).toBe(1); // would wait for the origin (10 minutes) without the grace
       expect(server.output()).toMatch(/still in flight after --shutdown-grace \(1000 ms\); exiting without them/);
+      // The server's own close still ran: its shm socket is gone.
+      expect(readdirSync(join(cwd, "shm-grace"))).toEqual([]);
       await hanging;
     } finally {
       for (const [k, v] of Object.entries(saved)) if (v === undefined) delete process.env[k];

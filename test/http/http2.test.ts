@@ -1,5 +1,6 @@
 import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
+import { Agent, get } from "node:http";
 import * as http2 from "node:http2";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -144,6 +145,24 @@ describe("HTTP/2 on Node", () => {
     } finally {
       await client.close();
       await tls.close();
+    }
+  });
+});
+
+describe("HTTP/1.1 shutdown on Node (cleartext port shared with h2c)", () => {
+  it("closes idle keep-alive connections at shutdown instead of waiting for their keep-alive timeout", async () => {
+    const rf = await startServer(ws, ["--cache-dir", join(ws.dir, "c-h1-close")]);
+    const agent = new Agent({ keepAlive: true });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        get(`${rf.url}/healthz`, { agent }, (res) => res.resume().on("end", resolve)).on("error", reject);
+      });
+      expect(Object.values(agent.freeSockets).flat().length).toBe(1); // idle, kept alive
+      // Node's keep-alive timeout is 5 s: a close() that waited for it would lose this race.
+      const closed = await Promise.race([rf.close().then(() => "closed"), new Promise((r) => setTimeout(() => r("still waiting"), 4000))]);
+      expect(closed).toBe("closed");
+    } finally {
+      agent.destroy();
     }
   });
 });
