@@ -43,7 +43,9 @@ export function listenNode(
   // HTTP/2 sessions are closed at shutdown: a client's idle session would otherwise hold
   // server.close() open for as long as the client keeps it.
   const sessions = new Set<Http2Session>();
+  let closing = false;
   const track = (s: Http2Session) => {
+    if (closing) s.close(); // a handshake that finished after close() began
     sessions.add(s);
     s.once("close", () => sessions.delete(s));
   };
@@ -81,6 +83,7 @@ export function listenNode(
         url: `${tls ? "https" : "http"}://${hostPort(addr.hostname, port)}`,
         close: () =>
           new Promise<void>((done) => {
+            closing = true;
             server.close(() => done());
             h1.close(); // not listening: this closes its idle connections and stops its timeout checks
             for (const s of sessions) s.close();
@@ -121,7 +124,8 @@ export function nodeHost(): CliHost {
     pid: process.pid,
     isAlive,
     mapFile: map ? (path, bytes) => map(path, bytes, true) : undefined,
-    peers: peer && process.getuid ? { of: (socket) => withFd(socket, peer), uid: process.getuid() } : undefined,
+    // SO_PEERCRED gives the peer's effective uid: compare with ours.
+    peers: peer && process.geteuid ? { of: (socket) => withFd(socket, peer), uid: process.geteuid() } : undefined,
   };
 }
 
