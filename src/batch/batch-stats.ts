@@ -68,7 +68,7 @@ export interface BatchStatsOptions {
  * @example
  * ```ts
  * const stats = new BatchStats({ slowSeconds: 0.1, keep: 50, clock: Date.now, log: console.error });
- * stats.record("pile", "rank 0/8 × 4 step 12", batch, 0.25); // logs and counts a slow batch
+ * stats.record("pile", () => "rank 0/8 × 4 step 12", batch, 0.25); // logs and counts a slow batch
  * ```
  */
 export class BatchStats {
@@ -82,8 +82,11 @@ export class BatchStats {
     this.#opts = opts;
   }
 
-  /** Records one served batch; returns its cause when it was slow. */
-  record(dataset: string, request: string, batch: AssembledBatch, seconds: number): SlowBatchCause | undefined {
+  /**
+   * Records one served batch; returns its cause when it was slow. `request` names the batch
+   * (e.g. `rank 0/8 × 4 step 12`) and is only called for a slow one: no string per batch.
+   */
+  record(dataset: string, request: () => string, batch: AssembledBatch, seconds: number): SlowBatchCause | undefined {
     let d = this.#datasets.get(dataset);
     if (!d) {
       d = { batches: 0, bytes: 0, blocks: { memory: 0, disk: 0, origin: 0 } };
@@ -100,7 +103,7 @@ export class BatchStats {
     const entry: SlowBatch = {
       at: new Date(this.#opts.clock()).toISOString(),
       dataset,
-      request,
+      request: request(),
       seconds,
       cause,
       blocksTotal: batch.blocksTotal,
@@ -115,7 +118,7 @@ export class BatchStats {
     this.#slow.push(entry);
     if (this.#slow.length > this.#opts.keep) this.#slow.shift();
     this.#opts.log(
-      `slow batch: ${dataset} ${request} took ${(seconds * 1000).toFixed(1)} ms, cause ${cause} ` +
+      `slow batch: ${dataset} ${entry.request} took ${(seconds * 1000).toFixed(1)} ms, cause ${cause} ` +
         `(blocks ${batch.blocksTotal}: ${batch.fromMemory} memory, ${batch.fromDisk} disk, ${batch.fromOrigin} origin; ` +
         `${batch.blocksMissing} not yet fetched, ${batch.blocksFilling} still arriving; ` +
         `wait ${(batch.fetchSeconds * 1000).toFixed(1)} ms, copy ${(batch.copySeconds * 1000).toFixed(1)} ms)`,

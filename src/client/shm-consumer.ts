@@ -223,8 +223,8 @@ export async function* shmBatches(
       if (outbox.length >= group) flush();
     }
   } finally {
-    // Close the socket first: the server stops writing and removes the ring; our mapping then
-    // only keeps the (unlinked) pages alive until unmapped.
+    // Close the socket first: the server stops writing and removes the ring; closing the reader
+    // then gives the (unlinked) ring's pages back.
     socket.close();
     ring?.close();
   }

@@ -114,16 +114,16 @@ export function slotHeaderOffset(i: number): number {
   return RING_HEADER_BYTES + i * SLOT_HEADER_BYTES;
 }
 
-/** Encodes a slot header. */
-export function encodeSlotHeader(h: SlotHeader): Uint8Array {
-  const out = new Uint8Array(SLOT_HEADER_BYTES);
-  const v = new DataView(out.buffer);
-  v.setFloat64(0, h.generation, true);
-  v.setFloat64(8, h.length, true);
-  v.setFloat64(16, h.step, true);
-  v.setFloat64(24, h.firstSample, true);
-  v.setFloat64(32, CACHE_STATES.indexOf(h.cache), true);
-  return out;
+/**
+ * Writes a slot header at `offset` of a view (the mapped ring itself, or a scratch copy), the
+ * generation last: a polling client checks it first, so it must not be seen before the rest.
+ */
+export function writeSlotHeader(v: DataView, offset: number, h: SlotHeader): void {
+  v.setFloat64(offset + 8, h.length, true);
+  v.setFloat64(offset + 16, h.step, true);
+  v.setFloat64(offset + 24, h.firstSample, true);
+  v.setFloat64(offset + 32, CACHE_STATES.indexOf(h.cache), true);
+  v.setFloat64(offset, h.generation, true);
 }
 
 /**

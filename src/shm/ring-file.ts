@@ -5,7 +5,7 @@
  */
 
 import * as fs from "node:fs";
-import { encodeRingHeader, encodeSlotHeader, type RingLayout, type SlotHeader, slotHeaderOffset } from "./protocol.ts";
+import { encodeRingHeader, type RingLayout, SLOT_HEADER_BYTES, type SlotHeader, slotHeaderOffset, writeSlotHeader } from "./protocol.ts";
 
 /** Maps `bytes` bytes of a file shared and writable; `unmap` must be called once nothing reads the view. */
 export type MapFile = (path: string, bytes: number) => { readonly bytes: Uint8Array; unmap(): void };
@@ -38,6 +38,8 @@ export class RingFile {
   readonly #fd: number;
   readonly #map: ReturnType<MapFile> | undefined;
   readonly #mapView: DataView | undefined;
+  /** The header written with pwrite when the ring is not mapped. */
+  readonly #header = new DataView(new ArrayBuffer(SLOT_HEADER_BYTES));
   #scratch: Uint8Array | undefined;
   #closed = false;
 
@@ -91,14 +93,14 @@ export class RingFile {
    */
   publish(slot: number, body: Uint8Array, header: SlotHeader): void {
     const at = slotHeaderOffset(slot);
-    const h = encodeSlotHeader(header);
-    if (this.#map) {
-      this.#map.bytes.set(h.subarray(8), at + 8);
-      this.#mapView!.setFloat64(at, header.generation, true);
+    if (this.#mapView) {
+      writeSlotHeader(this.#mapView, at, header);
       return;
     }
     fs.writeSync(this.#fd, body, 0, body.length, this.layout.dataOffset + slot * this.layout.slotBytes);
-    fs.writeSync(this.#fd, h, 8, h.length - 8, at + 8);
+    writeSlotHeader(this.#header, 0, header);
+    const h = new Uint8Array(this.#header.buffer);
+    fs.writeSync(this.#fd, h, 8, SLOT_HEADER_BYTES - 8, at + 8);
     fs.writeSync(this.#fd, h, 0, 8, at);
   }
 

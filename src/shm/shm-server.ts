@@ -490,7 +490,7 @@ class ShmConnection {
       this.#notify({ t: "batch", slot, generation, step, length: batch.body.length, firstSample: first, cache });
       this.#o.served.add("shm", batch.body.length);
       this.#o.onBatch(seconds, cache);
-      this.#o.stats.record(reg.name, `shm rank ${consumer.rank}/${consumer.world} × ${consumer.microBatch} step ${step}`, batch, seconds);
+      this.#o.stats.record(reg.name, () => `shm rank ${consumer.rank}/${consumer.world} × ${consumer.microBatch} step ${step}`, batch, seconds);
       this.#o.readAhead.observe(reg, consumer, step);
     }
     this.#send({ t: "end", step: end });

@@ -86,7 +86,7 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
       );
     }
     const n = Math.min(count, reg.dataset.numSamples - start);
-    return await batchResponse(c, deps, reg, start, n, `samples ${start}+${n}`);
+    return await batchResponse(c, deps, reg, start, n, () => `samples ${start}+${n}`);
   });
 
   app.get(
@@ -110,7 +110,7 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
         `Step ${step} (samples ${first}-${first + microBatch - 1}) is beyond dataset "${reg.name}": with world=${world} and micro_batch=${microBatch} it has steps 0-${steps - 1} (${reg.dataset.numSamples} samples)`,
       );
     }
-    const res = await batchResponse(c, deps, reg, first, microBatch, `rank ${rank}/${world} × ${microBatch} step ${step}`);
+    const res = await batchResponse(c, deps, reg, first, microBatch, () => `rank ${rank}/${world} × ${microBatch} step ${step}`);
     deps.readAhead.observe(reg, { dataset: reg.name, rank, world, microBatch }, step);
     return res;
   });
@@ -122,7 +122,7 @@ async function batchResponse(
   reg: RegisteredDataset,
   first: number,
   count: number,
-  request: string,
+  request: () => string,
 ): Promise<Response> {
   const t0 = deps.now();
   const batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, deps.now);
