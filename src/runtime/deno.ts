@@ -64,8 +64,13 @@ export function denoHost(): CliHost {
     wrapBody: denoBody,
     pid: Deno.pid,
     isAlive,
-    mapFile: canMapDeno() ? (path, bytes) => mapFileDeno(path, bytes, true) : undefined,
-    peers: peerIdentity(),
+    // Getters: libc is opened only by commands that serve shm.
+    get mapFile() {
+      return canMapDeno() ? (path: string, bytes: number) => mapFileDeno(path, bytes, true) : undefined;
+    },
+    get peers() {
+      return peerIdentity();
+    },
   };
 }
 

@@ -98,8 +98,6 @@ const H2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
 
 /** The CLI host for Node: real process, filesystem and signals. */
 export function nodeHost(): CliHost {
-  const map = loadNodeMapping();
-  const peer = loadNodePeerCredentials();
   return {
     args: process.argv.slice(2),
     env: process.env,
@@ -123,9 +121,16 @@ export function nodeHost(): CliHost {
     progressStream: process.stderr.isTTY ? process.stderr : undefined,
     pid: process.pid,
     isAlive,
-    mapFile: map ? (path, bytes) => map(path, bytes, true) : undefined,
-    // SO_PEERCRED gives the peer's effective uid: compare with ours.
-    peers: peer && process.geteuid ? { of: (socket) => withFd(socket, peer), uid: process.geteuid() } : undefined,
+    // Getters: koffi (a native addon, ~20 ms to load) is loaded only by commands that serve shm.
+    get mapFile() {
+      const map = loadNodeMapping();
+      return map ? (path: string, bytes: number) => map(path, bytes, true) : undefined;
+    },
+    get peers() {
+      const peer = loadNodePeerCredentials();
+      // SO_PEERCRED gives the peer's effective uid: compare with ours.
+      return peer && process.geteuid ? { of: (socket: net.Socket) => withFd(socket, peer), uid: process.geteuid() } : undefined;
+    },
   };
 }
 
