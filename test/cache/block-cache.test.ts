@@ -32,6 +32,18 @@ async function bytesOf(res: Response): Promise<Uint8Array> {
   return new Uint8Array(await res.arrayBuffer());
 }
 
+/** A memory-only cache of 64 KiB blocks read in one part each. */
+function memoryCache(readAheadBlocks: number, maxReadAheadBlocks?: number): BlockCache {
+  return new BlockCache({
+    memory: new MemoryTier({ maxBytes: 16 * 2 ** 20 }),
+    blockBytes: 64 * KiB,
+    partBytes: 64 * KiB,
+    readAheadBlocks,
+    maxReadAheadBlocks,
+    now: () => performance.now(),
+  });
+}
+
 /** An fs origin whose reads at or beyond `holdFromOffset` wait until `release()`. */
 class GatedOrigin extends FsOrigin {
   reads = 0;
@@ -268,13 +280,7 @@ describe("adaptive stream read-ahead", () => {
     await ws.put("hung.bin", patternBytes(64 * KiB, 12));
     const origin = new GatedOrigin(ws.origin); // every read waits until release()
     const gw = new OriginGateway(origin, { concurrency: 8, maxQueue: 100, metadataTtl: 0 });
-    const cache = new BlockCache({
-      memory: new MemoryTier({ maxBytes: 16 * 2 ** 20 }),
-      blockBytes: 64 * KiB,
-      partBytes: 64 * KiB,
-      readAheadBlocks: 0,
-      now: () => performance.now(),
-    });
+    const cache = memoryCache(0);
     const info = await gw.stat("hung.bin");
     const waiting = cache.block(gw, "hung.bin", info, 0);
     waiting.catch(() => {});
@@ -290,14 +296,7 @@ describe("adaptive stream read-ahead", () => {
     await ws.put("near.bin", body);
     const origin = new DistantOrigin(ws.origin, 2);
     const gw = new OriginGateway(origin, { concurrency: 8, maxQueue: 100, metadataTtl: 0 });
-    const cache = new BlockCache({
-      memory: new MemoryTier({ maxBytes: 16 * 2 ** 20 }),
-      blockBytes: 64 * KiB,
-      partBytes: 64 * KiB,
-      readAheadBlocks: 2,
-      maxReadAheadBlocks: 16,
-      now: () => performance.now(),
-    });
+    const cache = memoryCache(2, 16);
     const info = await gw.stat("near.bin");
     const chunks: Uint8Array[] = [];
     for await (const chunk of cache.readRange(gw, "near.bin", info, 0, info.size)) {

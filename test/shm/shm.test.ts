@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient } from "../../src/client/mod.ts";
 import { connectUnix, localTransport } from "../../src/client/node.ts";
+import type { Config } from "../../src/config/load.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import { loadNodeMapping, loadNodePeerCredentials } from "../../src/runtime/libc-node.ts";
 import { withFd } from "../../src/runtime/socket-fd.ts";
@@ -32,19 +33,33 @@ let rf: RunningServer;
 let args: string[];
 let shmDir: string;
 
-/** A filesystem origin whose reads take a random 0-3 ms: the producer's speed varies. */
-function jitteryOrigin(name: string, root: string): Origin {
-  const fs = new FsOrigin({ name, root });
+/** A filesystem origin (the one a spec names) whose every read first awaits `beforeRead()`. */
+function originWithSlowReads(spec: Config["origins"][number], beforeRead: () => Promise<void>): Origin {
+  const fs = new FsOrigin({ name: spec.name, root: (spec as { root: string }).root });
   return new Proxy(fs, {
     get(target, prop, receiver) {
       const v = Reflect.get(target, prop, receiver);
       if (prop !== "read" || typeof v !== "function") return typeof v === "function" ? v.bind(target) : v;
       return async (...a: unknown[]) => {
-        await sleep(Math.random() * 3);
+        await beforeRead();
         return (v as (...x: unknown[]) => unknown).apply(target, a);
       };
     },
   });
+}
+
+/** A filesystem origin whose reads take a random 0-3 ms: the producer's speed varies. */
+const jitteryOrigin = (spec: Config["origins"][number]) => originWithSlowReads(spec, () => sleep(Math.random() * 3));
+
+/** Runs `fn` with a fresh tmpfs of `size` mounted at `dir`, unmounted afterwards. */
+async function withTmpfs(dir: string, size: string, fn: () => Promise<void>): Promise<void> {
+  mkdirSync(dir);
+  execFileSync("mount", ["-t", "tmpfs", "-o", `size=${size}`, "tmpfs", dir]);
+  try {
+    await fn();
+  } finally {
+    execFileSync("umount", [dir]);
+  }
 }
 
 beforeAll(async () => {
@@ -56,7 +71,7 @@ beforeAll(async () => {
   shmDir = join(ws.dir, "shm");
   // Small blocks and memory: batches keep missing the cache, so fills (and their jitter) happen throughout.
   args = ["--dataset", `d=${join(ws.dir, "d.json")}`, "--block-bytes", "4KiB", "--memory-bytes", "1MiB", "--shm-dir", shmDir];
-  rf = await startServer(ws, args, { makeOrigin: (spec) => jitteryOrigin(spec.name, (spec as { root: string }).root) });
+  rf = await startServer(ws, args, { makeOrigin: jitteryOrigin });
 });
 afterAll(async () => {
   await rf.close();
@@ -91,7 +106,7 @@ describe("shared-memory fast path", () => {
     const dir = mode.mappedServer ? join(ws.dir, "shm-mapped") : shmDir;
     const server = mode.mappedServer
       ? await startServer(ws, [...args.filter((a) => a !== shmDir), dir], {
-        makeOrigin: (spec) => jitteryOrigin(spec.name, (spec as { root: string }).root),
+        makeOrigin: jitteryOrigin,
         mapFile: (path, bytes) => mapFile!(path, bytes, true),
       })
       : rf;
@@ -282,9 +297,7 @@ describe("shared-memory fast path", () => {
     // A 1 MiB tmpfs, as small as a container's /dev/shm can be relative to a ring: pages are
     // allocated when the ring is made, so this is ENOSPC at open, never SIGBUS mid-batch.
     const tiny = join(ws.dir, "tiny");
-    mkdirSync(tiny);
-    execFileSync("mount", ["-t", "tmpfs", "-o", "size=1m", "tmpfs", tiny]);
-    try {
+    await withTmpfs(tiny, "1m", async () => {
       const full = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", tiny, "--shm-bytes", "64MiB"]);
       try {
         const c = new RackfeedClient({ url: full.url, local: localTransport() });
@@ -293,7 +306,7 @@ describe("shared-memory fast path", () => {
         expect(got).toEqual(["http", "http"]);
         expect(readdirSync(tiny).filter((n) => n.endsWith(".ring"))).toEqual([]);
         expect(await full.metric("rackfeed_shm_ring_bytes")).toBe(0);
-        // pread, not a mapping: a mapped ring stays until the GC drops its views, and would keep the tmpfs busy at umount.
+        // The pread client (the mapped one is exercised by the tests around).
         const small = new RackfeedClient({ url: full.url, local: localTransport({ map: false }) });
         for await (const b of small.batches("d", { rank: 0, world: 1, microBatch: 10, endStep: 3 })) expect(b.transport).toBe("shm");
         // Deepened rings (64 slots of 4 KiB) fill the 1 MiB tmpfs after three consumers; a fourth
@@ -313,16 +326,13 @@ describe("shared-memory fast path", () => {
       } finally {
         await full.close();
       }
-    } finally {
-      execFileSync("umount", [tiny]);
-    }
+    });
   });
 
   it("gives a finished ring's memory back at once: a mapped client's kept view then reads zeros, and the tmpfs is free", async () => {
     const tmpfs = join(ws.dir, "tmpfs-release");
-    mkdirSync(tmpfs);
-    execFileSync("mount", ["-t", "tmpfs", "-o", "size=16m", "tmpfs", tmpfs]);
-    try {
+    // The umount at the end also checks that nothing maps the tmpfs any more.
+    await withTmpfs(tmpfs, "16m", async () => {
       const free = () => statfsSync(tmpfs).bfree;
       const before = free();
       const server = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", tmpfs]);
@@ -341,9 +351,7 @@ describe("shared-memory fast path", () => {
       } finally {
         await server.close();
       }
-    } finally {
-      execFileSync("umount", [tmpfs]); // nothing maps the tmpfs any more
-    }
+    });
   });
 
   it("removes the ring file of a departed client at once, even while its fill waits on a stalled origin", async () => {
@@ -353,23 +361,12 @@ describe("shared-memory fast path", () => {
     let stalled = 0;
     const dir = join(ws.dir, "shm-stall");
     const stuck = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--cache-dir", join(ws.dir, "c-stall")], {
-      makeOrigin: (spec) => {
-        const fs = new FsOrigin({ name: spec.name, root: (spec as { root: string }).root });
-        return new Proxy(fs, {
-          get(target, prop, receiver) {
-            const v = Reflect.get(target, prop, receiver);
-            if (typeof v !== "function") return v;
-            if (prop !== "read") return v.bind(target);
-            return async (...a: unknown[]) => {
-              if (stalling) {
-                stalled++;
-                await gate; // an origin that stopped answering
-              }
-              return (v as (...x: unknown[]) => unknown).apply(target, a);
-            };
-          },
-        });
-      },
+      makeOrigin: (spec) =>
+        originWithSlowReads(spec, async () => {
+          if (!stalling) return;
+          stalled++;
+          await gate; // an origin that stopped answering
+        }),
     });
     stalling = true; // from now on: the dataset's index was read at start-up
     const s = await connectUnix(join(dir, `rackfeed-${new URL(stuck.url).port}.sock`));
