@@ -13,14 +13,20 @@ export const ITEM_SIZE: Readonly<Record<TokenDtype, number>> = Object.fromEntrie
   Object.values(DTYPE_CODES).map((d) => [d.dtype, d.itemSize]),
 ) as Record<TokenDtype, number>;
 
-/** A planned run of samples: pieces `(source, byteOffset, tokenCount)` and the blocks they touch. */
+/**
+ * A planned run of samples: the blocks it touches and, in output order, the byte ranges to copy
+ * out of them (a piece of a sample that crosses a block boundary is two segments).
+ */
 export interface SamplePlan {
-  /** `PIECE_STRIDE` numbers per piece, `pieces` pieces, samples in order. */
-  readonly pieces: Float64Array;
-  readonly pieceCount: number;
+  /** `SEGMENT_STRIDE` numbers per segment: source, position in `blocks`, start and end byte within that block. */
+  readonly segments: Float64Array;
+  readonly segmentCount: number;
   /** Blocks touched, as `source * 2^32 + blockIndex`, each once. */
   readonly blocks: readonly number[];
 }
+
+/** Numbers per segment of a `SamplePlan`. */
+export const SEGMENT_STRIDE = 4;
 
 /** Where a batch's bytes went and how long each part took, for metrics and slow-batch analysis. */
 export interface AssembledBatch {
@@ -43,8 +49,9 @@ export interface AssembledBatch {
 
 const BLOCK_KEY = 2 ** 32;
 
-/** The planning scratch shared by all calls of `planSamples`. */
-let scratch = new Float64Array(PIECE_STRIDE * 4096);
+/** The planning scratch shared by all calls of `planSamples`: one sample's pieces, and the run's segments. */
+let pieceScratch = new Float64Array(PIECE_STRIDE * 64);
+let segmentScratch = new Float64Array(SEGMENT_STRIDE * 4096);
 
 /** Bytes of plans kept for reuse, all datasets together. */
 const PLAN_CACHE_BYTES = 32 * 2 ** 20;
@@ -84,7 +91,7 @@ export function planSamples(reg: RegisteredDataset, first: number, count: number
   const kept = young.get(key) ?? old.get(key);
   if (kept) return kept.plan;
   const plan = computePlan(reg, first, count, blockBytes);
-  const bytes = plan.pieces.byteLength + plan.blocks.length * 8 + 256;
+  const bytes = plan.segments.byteLength + plan.blocks.length * 8 + 256;
   if (keep && bytes <= PLAN_CACHE_BYTES / 16) {
     young.set(key, { plan, bytes });
     youngBytes += bytes;
@@ -104,31 +111,43 @@ function computePlan(reg: RegisteredDataset, first: number, count: number, block
       `Samples ${first}-${first + count - 1} of dataset "${reg.name}" do not exist: it has samples 0-${ds.numSamples - 1}`,
     );
   }
-  // Plan into one scratch array reused by every call (planning is synchronous, so no other
-  // plan can interleave); it grows by doubling and is never shrunk. Only the used part is copied out.
+  // Plan into scratch arrays reused by every call (planning is synchronous, so no other plan
+  // can interleave); they grow by doubling and are never shrunk. Only the used part is copied out.
   const room = PIECE_STRIDE * ds.maxPiecesPerSample;
-  let at = 0;
-  const blocks = new Set<number>();
+  const blockPos = new Map<number, number>();
+  const blocks: number[] = [];
+  let at = 0; // segments written × SEGMENT_STRIDE
   for (let i = first; i < first + count; i++) {
-    if (scratch.length - at < room) {
-      const bigger = new Float64Array(Math.max(scratch.length * 2, at + room));
-      bigger.set(scratch.subarray(0, at));
-      scratch = bigger;
-    }
-    const n = ds.planSample(i, scratch, at);
+    if (pieceScratch.length < room) pieceScratch = new Float64Array(room);
+    const n = ds.planSample(i, pieceScratch, 0);
     for (let p = 0; p < n; p++) {
-      const k = at + PIECE_STRIDE * p;
-      const source = scratch[k];
-      const start = scratch[k + 1];
-      const end = start + scratch[k + 2] * ds.sources[source].index.itemSize;
-      for (let b = Math.floor(start / blockBytes); b <= Math.floor((end - 1) / blockBytes); b++) {
-        blocks.add(source * BLOCK_KEY + b);
+      const source = pieceScratch[PIECE_STRIDE * p];
+      let start = pieceScratch[PIECE_STRIDE * p + 1];
+      const end = start + pieceScratch[PIECE_STRIDE * p + 2] * ds.sources[source].index.itemSize;
+      while (start < end) {
+        const b = Math.floor(start / blockBytes);
+        const packed = source * BLOCK_KEY + b;
+        let pos = blockPos.get(packed);
+        if (pos === undefined) {
+          blockPos.set(packed, (pos = blocks.length));
+          blocks.push(packed);
+        }
+        const to = Math.min(end, (b + 1) * blockBytes);
+        if (segmentScratch.length - at < SEGMENT_STRIDE) {
+          const bigger = new Float64Array(segmentScratch.length * 2);
+          bigger.set(segmentScratch);
+          segmentScratch = bigger;
+        }
+        segmentScratch[at] = source;
+        segmentScratch[at + 1] = pos;
+        segmentScratch[at + 2] = start - b * blockBytes;
+        segmentScratch[at + 3] = to - b * blockBytes;
+        at += SEGMENT_STRIDE;
+        start = to;
       }
     }
-    at += PIECE_STRIDE * n;
   }
-  const pieces = scratch.slice(0, at);
-  return { pieces, pieceCount: at / PIECE_STRIDE, blocks: [...blocks] };
+  return { segments: segmentScratch.slice(0, at), segmentCount: at / SEGMENT_STRIDE, blocks };
 }
 
 /** The blocks of a plan: source and block index from the packed number. */
@@ -176,25 +195,26 @@ export async function assembleSamples(
   let missing = 0;
   let filling = 0;
   const from = { memory: 0, disk: 0, origin: 0 };
-  const got = new Map<number, Uint8Array>();
+  // The plan's blocks in its order: segments name their block by position here.
+  const got = new Array<Uint8Array>(plan.blocks.length);
   const t1 = now();
   // Blocks in memory are taken at once; only the others cost a promise (and a wait).
   let fetches: Promise<void>[] | undefined;
-  for (const packed of plan.blocks) {
-    const source = Math.floor(packed / BLOCK_KEY);
+  for (let pos = 0; pos < plan.blocks.length; pos++) {
+    const packed = plan.blocks[pos];
+    const f = reg.files[Math.floor(packed / BLOCK_KEY)];
     const index = packed % BLOCK_KEY;
-    const f = reg.files[source];
     const inMemory = cache.memoryBlock(f.gw, f.binKey, f.bin, index);
     if (inMemory) {
       from.memory++;
-      got.set(packed, inMemory);
+      got[pos] = inMemory;
       continue;
     }
     if (cache.filling(f.gw, f.binKey, f.bin, index)) filling++;
     else missing++;
     (fetches ??= []).push(cache.blockFrom(f.gw, f.binKey, f.bin, index).then((b) => {
       from[b.source]++;
-      got.set(packed, b.bytes);
+      got[pos] = b.bytes;
     }));
   }
   if (fetches) await Promise.all(fetches);
@@ -202,28 +222,20 @@ export async function assembleSamples(
 
   if (into && into.length < bytes) throw new RangeError(`A slot of ${into.length} bytes cannot hold a batch of ${bytes}`);
   const body = into ? into.subarray(0, bytes) : new Uint8Array(bytes);
-  const view = new DataView(body.buffer, body.byteOffset, body.byteLength);
+  let view: DataView | undefined; // only mixed-dtype blends need one
   let dst = 0; // bytes written
-  const { pieces, pieceCount } = plan;
-  for (let p = 0; p < pieceCount; p++) {
-    const source = pieces[PIECE_STRIDE * p];
-    let src = pieces[PIECE_STRIDE * p + 1];
-    const tokens = pieces[PIECE_STRIDE * p + 2];
-    const index = ds.sources[source].index;
-    const inItem = index.itemSize;
-    const end = src + tokens * inItem;
-    while (src < end) {
-      const b = Math.floor(src / blockBytes);
-      const block = got.get(source * BLOCK_KEY + b)!;
-      const from = src - b * blockBytes;
-      const to = Math.min(end, (b + 1) * blockBytes) - b * blockBytes;
-      if (index.dtype === ds.dtype) {
-        body.set(block.subarray(from, to), dst);
-        dst += to - from;
-      } else {
-        dst = widenInto(view, dst, block, from, to, index.dtype);
-      }
-      src += to - from;
+  const { segments, segmentCount } = plan;
+  for (let i = 0; i < segmentCount * SEGMENT_STRIDE; i += SEGMENT_STRIDE) {
+    const inDtype = ds.sources[segments[i]].index.dtype;
+    const block = got[segments[i + 1]];
+    const start = segments[i + 2];
+    const end = segments[i + 3];
+    if (inDtype === ds.dtype) {
+      body.set(block.subarray(start, end), dst);
+      dst += end - start;
+    } else {
+      view ??= new DataView(body.buffer, body.byteOffset, body.byteLength);
+      dst = widenInto(view, dst, block, start, end, inDtype);
     }
   }
   if (dst !== bytes) {

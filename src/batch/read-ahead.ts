@@ -94,7 +94,7 @@ export class ReadAhead {
   }
 
   /**
-   * When block `key` (a `BlockCache.blockKey`) is next needed by a known schedule, in ms of the
+   * When block `key` (a `BlockCache.keyOf`) is next needed by a known schedule, in ms of the
    * injected clock; `Infinity` when no schedule references it (or its time has long passed).
    * The memory tier's Belady eviction asks this.
    */
@@ -167,9 +167,9 @@ export class ReadAhead {
       const due = now + (s - c.step) * stepMs;
       const keys: string[] = [];
       for (const packed of plan.blocks) {
-        const { source, index } = unpackBlock(packed);
-        const f = c.reg.files[source];
-        const k = cache.blockKey(f.gw.name, f.binKey, f.bin.version, index);
+        const f = c.reg.files[Math.floor(packed / 2 ** 32)]; // unpackBlock, without an object per block
+        const index = packed % 2 ** 32;
+        const k = cache.keyOf(f.gw, f.binKey, f.bin, index);
         keys.push(k);
         const queue = c.dues.get(k);
         if (queue) queue.push(due);

@@ -3,6 +3,8 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { assembleSamples, planSamples } from "../../src/batch/assemble-batch.ts";
 import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { encodeIndex, readSample } from "../../src/dataset/mod.ts";
+import { patternBytes } from "../helpers/rackfeed.ts";
 import { syntheticDataset } from "../helpers/token-data.ts";
 
 const ADMIN = "admin-token-for-tests";
@@ -16,6 +18,10 @@ beforeAll(async () => {
   await ws.put("tok/d.idx", idx);
   await ws.put("tok/d.bin", bin);
   await writeFile(join(ws.dir, "d.json"), JSON.stringify(REG));
+  // An int32 source to blend with the uint16 one: the blend is served as int32.
+  const lengths = Array.from({ length: 500 }, (_, i) => 20 + ((i * 7919) % 381));
+  await ws.put("tok/w.idx", encodeIndex({ dtypeCode: 4, lengths }));
+  await ws.put("tok/w.bin", patternBytes(lengths.reduce((a, b) => a + b, 0) * 4, 9));
   rf = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--block-bytes", "8KiB", "--admin-token", ADMIN]);
 });
 afterAll(async () => {
@@ -29,7 +35,7 @@ describe("batch planning", () => {
     const plan = planSamples(reg, 40, 16, 8192);
     expect(planSamples(reg, 40, 16, 8192)).toBe(plan); // the same run: the kept plan
     expect(planSamples(reg, 40, 17, 8192)).not.toBe(plan); // another run: its own plan
-    expect(planSamples(reg, 40, 17, 8192).pieceCount).toBeGreaterThanOrEqual(plan.pieceCount);
+    expect(planSamples(reg, 40, 17, 8192).segmentCount).toBeGreaterThanOrEqual(plan.segmentCount);
     expect(planSamples(reg, 40, 16, 4096)).not.toBe(plan); // other block size, other blocks
     expect(planSamples(reg, 40, 16, 8192, false)).toBe(plan); // a one-off use still finds a kept plan
     expect(planSamples(reg, 80, 16, 8192, false)).not.toBe(planSamples(reg, 80, 16, 8192, false)); // and keeps none
@@ -49,6 +55,32 @@ describe("batch planning", () => {
     const rebuilt = await rf.server.datasets.get("d");
     expect(rebuilt).not.toBe(reg);
     expect(planSamples(rebuilt, 40, 16, 8192)).not.toBe(plan);
+  });
+
+  it("widens a blend of uint16 and int32 sources to int32, token for token, across block boundaries", async () => {
+    const res = await fetch(`${rf.url}/v1/datasets/mixed`, {
+      method: "PUT",
+      headers: { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" },
+      body: JSON.stringify({ ...REG, sources: [{ weight: 1, prefix: "data/tok/d" }, { weight: 1, prefix: "data/tok/w" }] }),
+    });
+    expect(res.status, await res.clone().text()).toBe(201);
+    const reg = await rf.server.datasets.get("mixed");
+    expect(reg.dataset.dtype).toBe("int32");
+    const bins = await Promise.all(["d", "w"].map(async (n) => new Uint8Array(await (await fetch(`${rf.url}/v1/objects/data/tok/${n}.bin`)).arrayBuffer())));
+    const w = reg.dataset.windowLength;
+    const first = 100;
+    const count = 64;
+    const plan = planSamples(reg, first, count, rf.server.cache.blockBytes);
+    // Pieces crossing 8 KiB blocks, from both sources: the cases the copy loop must get right.
+    expect(plan.segmentCount).toBeGreaterThan(count);
+    expect(new Set(plan.blocks.map((b) => Math.floor(b / 2 ** 32))).size).toBe(2);
+    const batch = await assembleSamples(rf.server.cache, reg, first, count, 2 ** 30);
+    const got = new Int32Array(batch.body.buffer, batch.body.byteOffset, count * w);
+    const want = new Int32Array(w);
+    for (let i = 0; i < count; i++) {
+      readSample(reg.dataset, bins, first + i, want);
+      expect(got.subarray(i * w, (i + 1) * w)).toEqual(want);
+    }
   });
 
   it("refuses a run past the last sample, and keeps no plan for it", async () => {

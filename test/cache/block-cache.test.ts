@@ -186,6 +186,30 @@ describe("the NVMe tier", () => {
   });
 });
 
+describe("block keys", () => {
+  it("makes each block's key once per object version, and keys of two versions or objects differ", async () => {
+    await ws.put("k.bin", patternBytes(256 * KiB, 3));
+    const gw = new OriginGateway(new FsOrigin({ name: "data", root: ws.origin }), { concurrency: 4, maxQueue: 100, metadataTtl: 0 });
+    const cache = memoryCache(0);
+    const info = await gw.stat("k.bin");
+    const k = cache.keyOf(gw, "k.bin", info, 3);
+    expect(k).toBe(`data\nk.bin\n${info.version}\n${64 * KiB}\n3`);
+    expect(cache.keyOf(gw, "k.bin", info, 3)).toBe(k);
+    const newer: ObjectInfo = { ...info, version: `${info.version}-2` };
+    expect(cache.keyOf(gw, "k.bin", newer, 3)).not.toBe(k);
+    // The same info object used for another key (never done by the server) still gets that key's block keys.
+    expect(cache.keyOf(gw, "other.bin", info, 3)).toBe(`data\nother.bin\n${info.version}\n${64 * KiB}\n3`);
+    // Lookups through kept keys find the blocks: a read fills block 1, then it is in memory.
+    await cache.block(gw, "k.bin", info, 1);
+    await waitFor(async () => cache.inMemory(gw, "k.bin", info, 1), "block 1 in the memory tier");
+    expect(cache.inMemory(gw, "k.bin", newer, 1)).toBe(false);
+    // Past the bound of kept keys per version, keys are made again and still equal.
+    for (let i = 0; i < 70_000; i++) cache.keyOf(gw, "k.bin", info, i);
+    expect(cache.keyOf(gw, "k.bin", info, 1)).toBe(`data\nk.bin\n${info.version}\n${64 * KiB}\n1`);
+    expect(cache.inMemory(gw, "k.bin", info, 1)).toBe(true);
+  });
+});
+
 describe("versioning", () => {
   it("never serves a changed file mixed with blocks of its old version", async () => {
     const v1 = patternBytes(3 * 64 * KiB, 20);
