@@ -55,22 +55,27 @@ let segmentScratch = new Float64Array(SEGMENT_STRIDE * 4096);
 
 /** Bytes of plans kept for reuse, all datasets together. */
 const PLAN_CACHE_BYTES = 32 * 2 ** 20;
+/** Slots of the plan table (a power of two). */
+const PLAN_SLOTS = 4096;
+
+interface KeptPlan {
+  readonly regId: number;
+  readonly first: number;
+  readonly count: number;
+  readonly blockBytes: number;
+  readonly plan: SamplePlan;
+  readonly bytes: number;
+}
+
 /**
- * Runs shorter than this are planned afresh each time: keeping many small plans costs more
- * (map upkeep, and the garbage collector copying what survives) than planning them again
- * (per step, read-ahead + batch: 1 sample 2.1–2.6 µs afresh vs 3.0–4.5 kept, 8 samples about
- * equal, 128 samples 68–122 µs vs 47–79, measured on this project's 2-core VM).
+ * Recent plans in a table indexed by a hash of (dataset, first sample, count): read-ahead plans
+ * step s+K, and step s's batch finds its plan here, so each step is planned once. No string key
+ * and no map per lookup (a plan costs only a few µs, so the lookup must cost far less); a
+ * colliding plan replaces the older one. Dataset versions are held by number, never by reference,
+ * so a replaced dataset's indexes are not kept alive by its plans.
  */
-const PLAN_CACHE_MIN_SAMPLES = 16;
-/**
- * Recent plans in two generations: read-ahead plans step s+K, and step s's batch finds its plan
- * here. New plans go to `young`; when it holds half the budget it becomes `old` and the previous
- * `old` is dropped. O(1) per call, unlike deleting from the front of one insertion-ordered map
- * (V8 keeps deleted slots until it rehashes, so scanning for the oldest entry grows with them).
- */
-let young = new Map<string, { plan: SamplePlan; bytes: number }>();
-let old = new Map<string, { plan: SamplePlan; bytes: number }>();
-let youngBytes = 0;
+const kept = new Array<KeptPlan | undefined>(PLAN_SLOTS);
+let keptBytes = 0;
 /** A number per registered dataset version (a rebuilt dataset is a new object, so its plans are new too). */
 const regIds = new WeakMap<RegisteredDataset, number>();
 let lastRegId = 0;
@@ -84,22 +89,22 @@ let lastRegId = 0;
  * @throws {RangeNotSatisfiableError} when the run leaves `[0, numSamples)`
  */
 export function planSamples(reg: RegisteredDataset, first: number, count: number, blockBytes: number, keep = true): SamplePlan {
-  if (count < PLAN_CACHE_MIN_SAMPLES) return computePlan(reg, first, count, blockBytes);
   let id = regIds.get(reg);
   if (id === undefined) regIds.set(reg, (id = ++lastRegId));
-  const key = `${id}:${first}:${count}:${blockBytes}`;
-  const kept = young.get(key) ?? old.get(key);
-  if (kept) return kept.plan;
+  const slot = (Math.imul(first, 0x9e3779b1) ^ Math.imul(count + id + blockBytes, 0x85ebca6b)) >>> (32 - Math.log2(PLAN_SLOTS));
+  const e = kept[slot];
+  if (e !== undefined && e.regId === id && e.first === first && e.count === count && e.blockBytes === blockBytes) return e.plan;
   const plan = computePlan(reg, first, count, blockBytes);
   const bytes = plan.segments.byteLength + plan.blocks.length * 8 + 256;
   if (keep && bytes <= PLAN_CACHE_BYTES / 16) {
-    young.set(key, { plan, bytes });
-    youngBytes += bytes;
-    if (youngBytes > PLAN_CACHE_BYTES / 2) {
-      old = young;
-      young = new Map();
-      youngBytes = 0;
+    if (e !== undefined) keptBytes -= e.bytes;
+    if (keptBytes + bytes > PLAN_CACHE_BYTES) {
+      // Over budget (large plans): start over rather than track which to drop.
+      kept.fill(undefined);
+      keptBytes = 0;
     }
+    kept[slot] = { regId: id, first, count, blockBytes, plan, bytes };
+    keptBytes += bytes;
   }
   return plan;
 }
