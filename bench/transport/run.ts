@@ -2,7 +2,9 @@
 // Deno and Node, and over the shared-memory ring, beside two ceilings measured in the same run:
 // single-thread cache-hot memcpy of the batch size (the physical limit of a copy), and
 // rackfeed's own batch assembly in this process with no transport (the gather every transport
-// pays); and p50/p99 latency of a token batch (micro_batch 8 × 4097 uint16 tokens) per transport.
+// pays); the cost of a new ring's first write to each page (paid once per ring: each shm row
+// opens a new ring per pass); and p50/p99 latency of a token batch (micro_batch 8 × 4097 uint16
+// tokens) per transport. Rings live in a fresh directory under /dev/shm (tmpfs), as deployed.
 // Client: node:http (keep-alive) and node:http2, 4 requests in flight, bounded by time.
 //
 // Run: bash bench/transport/run.sh (installs wrk, h2load) or node --import tsx bench/transport/run.ts      Knobs: BENCH_SECONDS=3
@@ -10,7 +12,8 @@
 import * as http from "node:http";
 import * as http2 from "node:http2";
 import { writeFile } from "node:fs/promises";
-import { writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, truncateSync, unlinkSync, writeFileSync } from "node:fs";
+import { loadNodeMapping } from "../../src/runtime/libc-node.ts";
 import { execFileSync } from "node:child_process";
 import { makeWorkspace } from "../../test/helpers/rackfeed.ts";
 import { assemblyGBs } from "../shm/assembly-ceiling.ts";
@@ -67,6 +70,33 @@ function memcpyGBs(bytes: number): number {
   return (n * bytes) / ((performance.now() - t0) / 1000) / 1e9;
 }
 
+/**
+ * GB/s of the first write to every page of a new 32 MiB ring file in `dir` (tmpfs), mapped as the
+ * server maps rings: what each new ring costs once (page allocation and zeroing), against which
+ * the later writes to the same pages are free. Median of 3 rings.
+ */
+function firstTouchGBs(dir: string): number {
+  const map = loadNodeMapping();
+  if (!map) return NaN;
+  const bytes = 32 * 2 ** 20;
+  const runs: number[] = [];
+  for (let r = 0; r < 3; r++) {
+    const path = `${dir}/first-touch-${r}`;
+    writeFileSync(path, "");
+    truncateSync(path, bytes);
+    const m = map(path, bytes, true);
+    try {
+      const t0 = performance.now();
+      for (let i = 0; i < bytes; i += 4096) m.bytes[i] = 1;
+      runs.push(bytes / ((performance.now() - t0) / 1000) / 1e9);
+    } finally {
+      m.unmap();
+      unlinkSync(path);
+    }
+  }
+  return runs.sort((a, b) => a - b)[1];
+}
+
 type Get = (path: string) => Promise<number>;
 
 function h1Getter(url: string): { get: Get; close: () => void } {
@@ -113,6 +143,9 @@ async function latency(get: Get, path: (i: number) => string): Promise<[number, 
 }
 
 const ws = await makeWorkspace();
+// Rings live where a deployment keeps them (tmpfs, the default /dev/shm), not in the workspace,
+// which may sit on a disk-backed /tmp.
+const shmRoot = mkdtempSync("/dev/shm/rackfeed-bench-");
 try {
   const { idx, bin } = syntheticDataset(4000, 500, 6000, 3);
   await ws.put("tok/d.idx", idx);
@@ -121,6 +154,7 @@ try {
   const memcpy1 = memcpyGBs(128 * 4097 * 2);
   const memcpy8 = memcpyGBs(1024 * 4097 * 2);
   console.log(`memcpy (one thread, this process): 1 MiB ${memcpy1.toFixed(2)} GB/s, 8 MiB ${memcpy8.toFixed(2)} GB/s`);
+  console.log(`first write to the pages of a new 32 MiB ring file (tmpfs, once per ring): ${firstTouchGBs(shmRoot).toFixed(2)} GB/s`);
   const serveFlags = (dir: string) => ["--origin", `data=${ws.origin}`, "--cache-dir", dir, "--dataset", `d=${ws.dir}/d.json`, "--read-ahead-seconds", "0"];
   // The ceiling of every transport below: the same batches assembled in this process, no transport.
   const asm: number[] = [];
@@ -137,7 +171,7 @@ try {
   ] as const) {
     const server = await startChild(cmd, [...pre, "serve", "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`,
       "--cache-dir", `${ws.dir}/c-${name}`, "--dataset", `d=${ws.dir}/d.json`, "--read-ahead-seconds", "0",
-      "--shm-dir", `${ws.dir}/shm-${name}`]);
+      "--shm-dir", shmRoot]);
     try {
       const batchPath = (mb: number, steps: number) => (i: number) => `/v1/datasets/d/batches/${i % steps}?rank=0&world=1&micro_batch=${mb}`;
       for (const [tname, make] of [["HTTP/1.1", h1Getter], ["HTTP/2 (h2c)", h2Getter]] as const) {
@@ -178,4 +212,5 @@ try {
   }
 } finally {
   await ws.remove();
+  rmSync(shmRoot, { recursive: true, force: true });
 }
