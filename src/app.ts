@@ -78,7 +78,7 @@ export function createApp(deps: AppDeps): Hono {
     adminToken: deps.adminToken,
     maxBatchBytes: deps.maxBatchBytes,
     now: deps.now,
-    onBatch: (s, cache) => deps.metrics.batchSeconds.observe({ cache }, s),
+    onBatch: (s, cache) => deps.metrics.observeBatch(s, cache),
     stats: deps.batchStats,
     wrapBody: deps.wrapBody,
   });

@@ -235,7 +235,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
           readAhead,
           served,
           stats: batchStats,
-          onBatch: (s, c) => metrics!.batchSeconds.observe({ cache: c }, s),
+          onBatch: (s, c) => metrics!.observeBatch(s, c),
           maxBatchBytes: config.maxBatchBytes,
           slots: config.shmSlots,
           budgetBytes: config.shmBytes,

@@ -238,6 +238,11 @@ export async function assembleSamples(
     const block = got[segments[i + 1]];
     const start = segments[i + 2];
     const end = segments[i + 3];
+    // The body is not zeroed, so every byte counted must be a byte copied: a block shorter than
+    // its plan (impossible while fills are sized from the object's length) fails the batch.
+    if (block.length < end) {
+      throw new Error(`Batch of dataset "${reg.name}": a block of ${block.length} bytes is shorter than its plan (${end} bytes)`);
+    }
     if (inDtype === ds.dtype) {
       body.set(block.subarray(start, end), dst);
       dst += end - start;

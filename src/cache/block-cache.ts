@@ -27,6 +27,8 @@ export interface BlockCacheStats {
   readonly inFlight: number;
   /** Times a stream caught up with its read-ahead and deepened it. */
   readonly streamStalls: number;
+  /** Block keys kept for reuse (see `keyOf`), at most `KEYS_KEPT`. */
+  readonly keysKept: number;
 }
 
 /** Options of `BlockCache`. */
@@ -74,7 +76,9 @@ export class BlockCache {
   /** Where each fill got its bytes; weak, so finished fills are not kept. */
   readonly #fillSource = new WeakMap<BlockFill, "disk" | "origin">();
   /** Block keys of each object version, made once (see `keyOf`); weak, so they go with the version. */
-  readonly #keys = new WeakMap<ObjectInfo, KeyStrings>();
+  #keys = new WeakMap<ObjectInfo, KeyStrings>();
+  /** Keys made since `#keys` was last started over. */
+  #keysKept = 0;
   #memoryHits = 0;
   #diskHits = 0;
   #misses = 0;
@@ -262,18 +266,28 @@ export class BlockCache {
   /**
    * The cache key of block `index` of this object version, the same string object each time. A key
    * built afresh costs V8 a flatten and a hash on every map it is looked up in (~0.3 µs, a dozen
-   * times per served batch); a kept string carries its hash. At most `KEY_STRINGS_PER_VERSION`
-   * are kept per version (then they start over), so a huge object cannot grow this unbounded.
+   * times per served batch); a kept string carries its hash. At most `KEYS_KEPT` keys are kept,
+   * all objects together (then they start over): a registered dataset holds its files' versions
+   * for as long as it is served, so keys of blocks long evicted must not pile up with them.
    */
   keyOf(gw: OriginGateway, key: string, info: ObjectInfo, index: number): string {
     let ks = this.#keys.get(info);
     // One ObjectInfo normally belongs to one (origin, key); checked, so a shared one stays correct.
-    if (ks === undefined || ks.origin !== gw.name || ks.key !== key || ks.byIndex.size >= KEY_STRINGS_PER_VERSION) {
+    if (ks === undefined || ks.origin !== gw.name || ks.key !== key) {
       ks = { origin: gw.name, key, byIndex: new Map() };
       this.#keys.set(info, ks);
     }
     let k = ks.byIndex.get(index);
-    if (k === undefined) ks.byIndex.set(index, (k = this.#blockKey(gw.name, key, info.version, index)));
+    if (k === undefined) {
+      if (this.#keysKept >= KEYS_KEPT) {
+        this.#keys = new WeakMap();
+        this.#keysKept = 0;
+        ks = { origin: gw.name, key, byIndex: new Map() };
+        this.#keys.set(info, ks);
+      }
+      ks.byIndex.set(index, (k = this.#blockKey(gw.name, key, info.version, index)));
+      this.#keysKept++;
+    }
     return k;
   }
 
@@ -351,6 +365,7 @@ export class BlockCache {
       fillErrors: this.#fillErrors,
       inFlight: this.#flights.size,
       streamStalls: this.#streamStalls,
+      keysKept: this.#keysKept,
     };
   }
 
@@ -378,8 +393,8 @@ interface KeyStrings {
   readonly byIndex: Map<number, string>;
 }
 
-/** Block keys kept per object version: 64 Ki keys of ~80 bytes, the blocks of 512 GiB at 8 MiB. */
-const KEY_STRINGS_PER_VERSION = 65536;
+/** Block keys kept, all objects together: ~100 bytes each (about 25 MiB), the blocks of 2 TiB at 8 MiB. */
+export const KEYS_KEPT = 262_144;
 
 /** How long `close()` waits for fills still reading from an origin. */
 export const CLOSE_GRACE_MS = 5000;

@@ -36,6 +36,16 @@ function sizeIn(min: number, max: number): Parser<number> {
   };
 }
 
+/** A size that is also a multiple of `unit` (so tokens of every dtype lie whole inside a block). */
+function sizeMultipleIn(unit: number, min: number, max: number): Parser<number> {
+  const inRange = sizeIn(min, max);
+  return (raw, what) => {
+    const v = inRange(raw, what);
+    if (v % unit !== 0) throw new RangeError(`Invalid ${what}: expected a multiple of ${unit} bytes, received ${v}`);
+    return v;
+  };
+}
+
 function intIn(min: number, max: number): Parser<number> {
   return (raw, what) => {
     const v = typeof raw === "number" ? raw : Number(String(raw).trim());
@@ -139,8 +149,8 @@ export const TUNABLES = {
     flag: "--block-bytes",
     env: "RACKFEED_BLOCK_BYTES",
     default: "8MiB",
-    parse: sizeIn(4096, 256 * MiB),
-    doc: "Size of the aligned blocks objects are cut into (the unit of caching)",
+    parse: sizeMultipleIn(8, 4096, 256 * MiB),
+    doc: "Size of the aligned blocks objects are cut into (the unit of caching); a multiple of 8 bytes",
   } as Tunable<number>,
   partBytes: {
     key: "partBytes",

@@ -48,10 +48,17 @@ export class Metrics {
   readonly fillSeconds: Histogram<"source">;
   /** Time to assemble one batch (or samples response), by whether its blocks were all in memory. */
   readonly batchSeconds: Histogram<"cache">;
+  /** `batchSeconds` per label value, resolved once: observing through labels hashes them on every call (~3 µs per batch). */
+  readonly #batchSecondsBy: Record<"hit" | "filling" | "miss", { observe(seconds: number): void }>;
   readonly #tWait: Histogram<"dataset">;
   readonly #tH2d: Histogram<"dataset">;
   readonly #tCompute: Histogram<"dataset">;
   readonly #steps: Counter<"dataset" | "healthy">;
+
+  /** Records one assembled batch (per batch on the hot path, so without a label lookup). */
+  observeBatch(seconds: number, cache: "hit" | "filling" | "miss"): void {
+    this.#batchSecondsBy[cache].observe(seconds);
+  }
 
   /** @param src the snapshot functions */
   constructor(src: MetricSources) {
@@ -209,6 +216,7 @@ export class Metrics {
       buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
       registers: reg,
     });
+    this.#batchSecondsBy = { hit: this.batchSeconds.labels("hit"), filling: this.batchSeconds.labels("filling"), miss: this.batchSeconds.labels("miss") };
 
     const stepBuckets = [0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
     const stepHistogram = (name: string, help: string) =>

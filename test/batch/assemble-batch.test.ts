@@ -71,8 +71,11 @@ describe("batch planning", () => {
     const first = 100;
     const count = 64;
     const plan = planSamples(reg, first, count, rf.server.cache.blockBytes);
-    // Pieces crossing 8 KiB blocks, from both sources: the cases the copy loop must get right.
-    expect(plan.segmentCount).toBeGreaterThan(count);
+    // Pieces crossing 8 KiB blocks (a segment ending at a block's end, the next starting at 0 of
+    // the next block), from both sources: the cases the copy loop must get right.
+    const bb = rf.server.cache.blockBytes;
+    const ends = Array.from({ length: plan.segmentCount }, (_, i) => plan.segments[4 * i + 3]);
+    expect(ends.filter((e) => e === bb).length).toBeGreaterThan(0);
     expect(new Set(plan.blocks.map((b) => Math.floor(b / 2 ** 32))).size).toBe(2);
     const batch = await assembleSamples(rf.server.cache, reg, first, count, 2 ** 30);
     const got = new Int32Array(batch.body.buffer, batch.body.byteOffset, count * w);
@@ -81,6 +84,24 @@ describe("batch planning", () => {
       readSample(reg.dataset, bins, first + i, want);
       expect(got.subarray(i * w, (i + 1) * w)).toEqual(want);
     }
+  });
+
+  it("fails a batch rather than send bytes it did not copy when a block is shorter than planned", async () => {
+    // Cannot happen through the real cache (fills are sized from the object's length, disk reads
+    // are length-checked): a stand-in cache hands out blocks 64 bytes short.
+    const reg = await rf.server.datasets.get("d");
+    const bb = rf.server.cache.blockBytes;
+    const bin = new Uint8Array(await (await fetch(`${rf.url}/v1/objects/data/tok/d.bin`)).arrayBuffer());
+    const short = {
+      blockBytes: bb,
+      filling: () => false,
+      memoryBlock: (_gw: unknown, _key: string, _info: unknown, index: number) => bin.slice(index * bb, (index + 1) * bb - 64),
+    } as unknown as Parameters<typeof assembleSamples>[0];
+    await expect(assembleSamples(short, reg, 0, 400, 2 ** 30)).rejects.toThrow(/shorter than its plan/);
+    // The same stand-in with whole blocks assembles what the server serves.
+    const whole = { ...short, memoryBlock: (_gw: unknown, _key: string, _info: unknown, index: number) => bin.slice(index * bb, (index + 1) * bb) } as typeof short;
+    const viaHttp = new Uint8Array(await (await fetch(`${rf.url}/v1/datasets/d/samples?start=0&count=16`)).arrayBuffer());
+    expect(Buffer.from((await assembleSamples(whole, reg, 0, 16, 2 ** 30)).body).equals(Buffer.from(viaHttp))).toBe(true);
   });
 
   it("refuses a run past the last sample, and keeps no plan for it", async () => {

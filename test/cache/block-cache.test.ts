@@ -1,7 +1,7 @@
 import { readdir, readFile, stat, utimes, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { BlockCache } from "../../src/cache/block-cache.ts";
+import { BlockCache, KEYS_KEPT } from "../../src/cache/block-cache.ts";
 import { MemoryTier } from "../../src/cache/memory-tier.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import { OriginGateway } from "../../src/origin/origin-gateway.ts";
@@ -187,24 +187,29 @@ describe("the NVMe tier", () => {
 });
 
 describe("block keys", () => {
-  it("makes each block's key once per object version, and keys of two versions or objects differ", async () => {
+  it("keeps each block's key for reuse, tells versions and objects apart, and starts over past its bound", async () => {
     await ws.put("k.bin", patternBytes(256 * KiB, 3));
     const gw = new OriginGateway(new FsOrigin({ name: "data", root: ws.origin }), { concurrency: 4, maxQueue: 100, metadataTtl: 0 });
     const cache = memoryCache(0);
     const info = await gw.stat("k.bin");
     const k = cache.keyOf(gw, "k.bin", info, 3);
     expect(k).toBe(`data\nk.bin\n${info.version}\n${64 * KiB}\n3`);
+    expect(cache.stats().keysKept).toBe(1);
     expect(cache.keyOf(gw, "k.bin", info, 3)).toBe(k);
+    expect(cache.stats().keysKept).toBe(1); // the kept key, not a new one
     const newer: ObjectInfo = { ...info, version: `${info.version}-2` };
     expect(cache.keyOf(gw, "k.bin", newer, 3)).not.toBe(k);
     // The same info object used for another key (never done by the server) still gets that key's block keys.
     expect(cache.keyOf(gw, "other.bin", info, 3)).toBe(`data\nother.bin\n${info.version}\n${64 * KiB}\n3`);
+    expect(cache.stats().keysKept).toBe(3);
     // Lookups through kept keys find the blocks: a read fills block 1, then it is in memory.
     await cache.block(gw, "k.bin", info, 1);
     await waitFor(async () => cache.inMemory(gw, "k.bin", info, 1), "block 1 in the memory tier");
     expect(cache.inMemory(gw, "k.bin", newer, 1)).toBe(false);
-    // Past the bound of kept keys per version, keys are made again and still equal.
-    for (let i = 0; i < 70_000; i++) cache.keyOf(gw, "k.bin", info, i);
+    // Keys of many blocks (a huge object) stay within the bound: they start over, and still find the block.
+    for (let i = 0; i < KEYS_KEPT + 10; i++) cache.keyOf(gw, "k.bin", info, 1000 + i);
+    expect(cache.stats().keysKept).toBeLessThanOrEqual(KEYS_KEPT);
+    expect(cache.stats().keysKept).toBeLessThan(20);
     expect(cache.keyOf(gw, "k.bin", info, 1)).toBe(`data\nk.bin\n${info.version}\n${64 * KiB}\n1`);
     expect(cache.inMemory(gw, "k.bin", info, 1)).toBe(true);
   });

@@ -71,6 +71,7 @@ describe("loadConfig", () => {
     [["--memory-bytes", "lots"], /--memory-bytes.*"lots"/],
     [["--memory-bytes", "10KiB"], /--memory-bytes.*between/],
     [["--block-bytes", "1GiB"], /--block-bytes/],
+    [["--block-bytes", "4097"], /--block-bytes: expected a multiple of 8 bytes, received 4097/],
     [["--part-bytes", "16MiB", "--block-bytes", "8MiB"], /--part-bytes.*exceeds --block-bytes/],
     [["--origin-concurrency", "0"], /--origin-concurrency.*integer from 1/],
     [["--origin-concurrency", "2.5"], /--origin-concurrency/],
