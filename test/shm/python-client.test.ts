@@ -1,0 +1,79 @@
+import { execFile } from "node:child_process";
+import { createHash } from "node:crypto";
+import { readdirSync } from "node:fs";
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { ROOT } from "../helpers/spawn.ts";
+import { syntheticDataset } from "../helpers/token-data.ts";
+
+/** Debian's python3 with python3-msgpack (.ci/run installs it); a missing one fails, never skips. */
+const PYTHON = process.env.RACKFEED_PYTHON ?? "/usr/bin/python3";
+const CONSUMER = join(ROOT, "test/shm/python/shm_consumer.py");
+const TOKEN = "read-token-for-python-tests";
+const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 64, seed: 9, split: "100,0,0", split_index: 0, num_samples: 5000 };
+let ws: Workspace;
+let rf: RunningServer;
+let socketPath: string;
+let shmDir: string;
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  const { idx, bin } = syntheticDataset(3000, 20, 300);
+  await ws.put("tok/d.idx", idx);
+  await ws.put("tok/d.bin", bin);
+  await writeFile(join(ws.dir, "d.json"), JSON.stringify(REG));
+  shmDir = join(ws.dir, "shm");
+  rf = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--block-bytes", "4KiB", "--memory-bytes", "1MiB", "--shm-dir", shmDir, "--read-token", TOKEN]);
+  socketPath = (await (await fetch(`${rf.url}/v1/shm`, { headers: { authorization: `Bearer ${TOKEN}` } })).json()).socket;
+});
+afterAll(async () => {
+  await rf?.close();
+  await ws?.remove();
+});
+
+interface PyBatch {
+  step: number;
+  slot: number;
+  generation: number;
+  length: number;
+  first_sample: number;
+  cache: number;
+  sha256: string;
+}
+
+async function runConsumer(args: string[]): Promise<{ batches: PyBatch[]; end: { end: number; waits: number } }> {
+  const { stdout } = await promisify(execFile)(PYTHON, [CONSUMER, socketPath, ...args], { timeout: 60_000, maxBuffer: 64 * 2 ** 20 });
+  const lines = stdout.trim().split("\n").map((l) => JSON.parse(l));
+  return { batches: lines.slice(0, -1), end: lines[lines.length - 1] };
+}
+
+async function httpBatchHash(step: number, rank: number, world: number, mb: number): Promise<string> {
+  const res = await fetch(`${rf.url}/v1/datasets/d/batches/${step}?rank=${rank}&world=${world}&micro_batch=${mb}`, { headers: { authorization: `Bearer ${TOKEN}` } });
+  expect(res.status).toBe(200);
+  return createHash("sha256").update(new Uint8Array(await res.arrayBuffer())).digest("hex");
+}
+
+describe("a Python client written from the README's protocol section", () => {
+  it.each([
+    ["told of every batch (notify all)", "all", [] as string[]],
+    ["polling slot headers (notify wait)", "wait", [] as string[]],
+    ["polling, reading slowly (the server waits for its releases)", "wait", ["--hold-ms", "2"]],
+  ])("reads batches byte-identical to HTTP, in order, with no gap: %s", async (_, notify, extra) => {
+    const [rank, world, mb, start, end] = [1, 2, 3, 5, extra.length ? 45 : 205];
+    const { batches, end: last } = await runConsumer(["d", String(rank), String(world), String(mb), String(start), String(end), notify, TOKEN, ...extra]);
+    expect(batches.map((b) => b.step)).toEqual(Array.from({ length: end - start }, (_, i) => start + i));
+    expect(last.end).toBe(end);
+    if (notify === "all") expect(last.waits).toBe(0);
+    for (const b of batches) {
+      expect(b.generation).toBe(b.step - start + 1);
+      expect(b.first_sample).toBe((b.step * world + rank) * mb);
+      expect([0, 1, 2]).toContain(b.cache);
+      expect(b.sha256, `step ${b.step}`).toBe(await httpBatchHash(b.step, rank, world, mb));
+    }
+    // The connection is gone, and so is its ring.
+    await expect.poll(() => readdirSync(shmDir).filter((n) => n.endsWith(".ring")).length).toBe(0);
+  }, 90_000);
+});
