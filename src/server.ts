@@ -91,6 +91,8 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
       spec.name,
       new OriginGateway(makeOrigin(spec), {
         concurrency: config.originConcurrency,
+        maxConcurrency: config.originConcurrencyMax,
+        targetBytesPerSecond: config.originTargetBandwidth,
         maxQueue: config.originQueue,
         metadataTtl: config.metadataTtl,
         now: env.now,
@@ -123,7 +125,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     // quarter of the memory tier per stream.
     maxReadAheadBlocks: Math.max(
       config.readAheadBlocks,
-      Math.min(64, 2 * config.originConcurrency, Math.floor(config.memoryBytes / 4 / config.blockBytes)),
+      Math.min(64, 2 * config.originConcurrencyMax, Math.floor(config.memoryBytes / 4 / config.blockBytes)),
     ),
     now: env.now,
     onFill: (s, source) => metrics?.fillSeconds.observe({ source }, s),
@@ -299,6 +301,7 @@ export function defaultOrigin(spec: Config["origins"][number], config: Config): 
     region: spec.region,
     forcePathStyle: spec.forcePathStyle,
     concurrency: config.originConcurrency,
+    maxConcurrency: config.originConcurrencyMax,
     timeoutMs: config.originTimeout,
     retry: { retries: config.originRetries, baseMs: config.originBackoff, capMs: config.originBackoffMax },
     hedgeFactor: config.originHedge,

@@ -108,6 +108,7 @@ const token: Parser<string> = (raw, what) => {
 };
 
 const MiB = 2 ** 20;
+const GiB = 2 ** 30;
 const TiB = 2 ** 40;
 
 /** Every tunable of `rackfeed serve`. Add new ones here and nowhere else. */
@@ -176,6 +177,22 @@ export const TUNABLES = {
     parse: intIn(1, 1024),
     doc: "Origin reads in flight at once, per origin; more wait in a bounded queue",
   } as Tunable<number>,
+  originConcurrencyMax: {
+    key: "originConcurrencyMax",
+    flag: "--origin-concurrency-max",
+    env: "RACKFEED_ORIGIN_CONCURRENCY_MAX",
+    default: "64",
+    parse: intIn(1, 1024),
+    doc: "Most reads in flight an S3 origin's limit may grow to when its measured latency × bandwidth needs them for --origin-target-bandwidth (set it to --origin-concurrency for a fixed limit)",
+  } as Tunable<number>,
+  originTargetBandwidth: {
+    key: "originTargetBandwidth",
+    flag: "--origin-target-bandwidth",
+    env: "RACKFEED_ORIGIN_TARGET_BANDWIDTH",
+    default: "1GiB",
+    parse: sizeIn(MiB, 1024 * GiB),
+    doc: "Bytes per second per origin the adaptive read limit aims to sustain (Little's law: reads in flight = bandwidth × read time ÷ part size)",
+  } as Tunable<number>,
   originQueue: {
     key: "originQueue",
     flag: "--origin-queue",
@@ -190,7 +207,7 @@ export const TUNABLES = {
     env: "RACKFEED_READ_AHEAD_BLOCKS",
     default: "2",
     parse: intIn(0, 64),
-    doc: "Blocks fetched ahead of the one being sent while streaming a long range, at first: it doubles each time the reader catches up with a fill, up to twice --origin-concurrency blocks (at most a quarter of --memory-bytes)",
+    doc: "Blocks fetched ahead of the one being sent while streaming a long range, at first: it doubles each time the reader catches up with a fill, up to twice --origin-concurrency-max blocks (at most a quarter of --memory-bytes)",
   } as Tunable<number>,
   originTimeout: {
     key: "originTimeout",

@@ -30,6 +30,8 @@ export interface Config {
   readonly partBytes: number;
   readonly partSizing: "auto" | "fixed";
   readonly originConcurrency: number;
+  readonly originConcurrencyMax: number;
+  readonly originTargetBandwidth: number;
   readonly originQueue: number;
   readonly readAheadBlocks: number;
   readonly metadataTtl: number;
@@ -213,6 +215,15 @@ export function loadConfig(src: ConfigSources): Config {
   if ((values.partBytes as number) > (values.blockBytes as number)) {
     throw new ConfigError(
       `Invalid --part-bytes: ${values.partBytes} exceeds --block-bytes ${values.blockBytes}; a part is a piece of a block`,
+    );
+  }
+  // The adaptive ceiling starts at --origin-concurrency: a default maximum below it follows it.
+  if (fromDefault.has("originConcurrencyMax")) {
+    values.originConcurrencyMax = Math.max(values.originConcurrencyMax as number, values.originConcurrency as number);
+  }
+  if ((values.originConcurrencyMax as number) < (values.originConcurrency as number)) {
+    throw new ConfigError(
+      `Invalid --origin-concurrency-max: ${values.originConcurrencyMax} is below --origin-concurrency ${values.originConcurrency}; the limit grows from the one to the other`,
     );
   }
   if ((values.blockBytes as number) > (values.memoryBytes as number)) {

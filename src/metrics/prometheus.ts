@@ -152,6 +152,8 @@ export class Metrics {
       src.origins().map((o) => [{ origin: o.name }, o.queued] as Sample));
     gauge("rackfeed_origin_concurrency_limit", "Origin reads allowed in flight now (halved when the origin throttles, regained gradually)", ["origin"], () =>
       src.origins().map((o) => [{ origin: o.name }, o.concurrencyLimit] as Sample));
+    gauge("rackfeed_origin_concurrency_ceiling", "What the read limit may grow to now: reads in flight that sustain --origin-target-bandwidth at the measured latency and bandwidth", ["origin"], () =>
+      src.origins().map((o) => [{ origin: o.name }, o.concurrencyCeiling] as Sample));
     counter("rackfeed_origin_throttled_total", "Attempts the origin throttled (503 SlowDown, 429)", ["origin"], () =>
       src.origins().map((o) => [{ origin: o.name }, o.throttled] as Sample));
     const adaptive = () => src.origins().filter((o) => o.partBytes !== undefined);

@@ -28,6 +28,8 @@ export interface OriginStats {
   readonly queued: number;
   /** Origin reads allowed in flight now (halved on throttling, regained one per window). */
   readonly concurrencyLimit: number;
+  /** What the limit may grow to now: the reads Little's law asks for the target bandwidth at the measured latency and bandwidth. */
+  readonly concurrencyCeiling: number;
   /** Throttled attempts reported by the origin. */
   readonly throttled: number;
   /** Origin read size now, and what it comes from (remote origins with adaptive parts). */
@@ -38,8 +40,16 @@ export interface OriginStats {
 
 /** Options of `OriginGateway`. */
 export interface OriginGatewayOptions {
-  /** Origin reads in flight at once. */
+  /** Origin reads in flight at once, at first; the limit never adapts below 1 or above `maxConcurrency`. */
   readonly concurrency: number;
+  /**
+   * Most reads in flight the limit may grow to when the origin's measured latency × bandwidth
+   * needs them for `targetBytesPerSecond` (default `concurrency`: a fixed limit). Needs read
+   * timings from the origin (`Origin.observeReads`, with `parts`).
+   */
+  readonly maxConcurrency?: number;
+  /** The bandwidth the adaptive limit aims to sustain, in bytes per second (default 1 GiB/s). */
+  readonly targetBytesPerSecond?: number;
   /** Reads that may wait for a slot. */
   readonly maxQueue: number;
   /** How long a stat answer is trusted, in ms; 0 asks the origin every time. */
@@ -74,8 +84,12 @@ export class OriginGateway {
   #errors = 0;
   #metadataHits = 0;
   readonly #sizer: PartSizer | undefined;
+  readonly #minCeiling: number;
   readonly #maxConcurrency: number;
+  readonly #targetBytesPerMs: number;
   readonly #clock: () => number;
+  /** False until the first throttle: until then the limit doubles per window (slow start), then it grows by one. */
+  #everThrottled = false;
   #throttled = 0;
   #lastCut = -Infinity;
   #sinceRaise = 0;
@@ -92,7 +106,14 @@ export class OriginGateway {
       maxQueue: opts.maxQueue,
       what: `origin "${origin.name}"`,
     });
-    this.#maxConcurrency = opts.concurrency;
+    this.#minCeiling = opts.concurrency;
+    this.#maxConcurrency = opts.maxConcurrency ?? opts.concurrency;
+    if (!Number.isSafeInteger(this.#maxConcurrency) || this.#maxConcurrency < opts.concurrency) {
+      throw new RangeError(`Cannot create OriginGateway: maxConcurrency must be an integer >= concurrency (${opts.concurrency}), received ${opts.maxConcurrency}`);
+    }
+    const target = opts.targetBytesPerSecond ?? 2 ** 30;
+    if (!(target > 0)) throw new RangeError(`Cannot create OriginGateway: targetBytesPerSecond must be > 0, received ${target}`);
+    this.#targetBytesPerMs = target / 1000;
     this.#clock = opts.now ?? (() => performance.now());
     origin.observeThrottling?.(() => this.#onThrottle());
     if (opts.parts && origin.observeReads) {
@@ -181,6 +202,7 @@ export class OriginGateway {
       active: l.active,
       queued: l.queued,
       concurrencyLimit: this.#limiter.concurrency,
+      concurrencyCeiling: this.#ceiling(),
       throttled: this.#throttled,
       ...(parts ? { partBytes: parts.partBytes, firstByteSeconds: parts.firstByteSeconds, streamBytesPerSecond: parts.bytesPerSecond } : {}),
     };
@@ -189,10 +211,12 @@ export class OriginGateway {
   /**
    * AIMD, as TCP does with its window: a throttled attempt halves the reads in flight (at most
    * once a second, so one burst of SlowDowns is one cut), and each window's worth of successful
-   * reads gives one slot back, up to `--origin-concurrency`.
+   * reads gives one slot back, up to the ceiling. Before the first throttle each window doubles
+   * the limit instead (TCP's slow start), so a far origin reaches its ceiling in a few windows.
    */
   #onThrottle(): void {
     this.#throttled++;
+    this.#everThrottled = true;
     const now = this.#clock();
     if (now - this.#lastCut < 1000) return;
     this.#lastCut = now;
@@ -202,11 +226,31 @@ export class OriginGateway {
 
   #onSuccess(): void {
     const limit = this.#limiter.concurrency;
-    if (limit >= this.#maxConcurrency) return;
+    const ceiling = this.#ceiling();
+    if (limit > ceiling) {
+      // The origin got nearer or faster: fewer reads in flight sustain the target.
+      this.#limiter.setConcurrency(ceiling);
+      return;
+    }
+    if (limit === ceiling) return;
     if (++this.#sinceRaise >= limit) {
       this.#sinceRaise = 0;
-      this.#limiter.setConcurrency(limit + 1);
+      this.#limiter.setConcurrency(Math.min(ceiling, this.#everThrottled ? limit + 1 : limit * 2));
     }
+  }
+
+  /**
+   * The reads in flight that sustain the target bandwidth (Little's law): each read of a part
+   * takes first byte + part ÷ one connection's bandwidth, so `target × that time ÷ part` of them
+   * must overlap. Between `concurrency` and `maxConcurrency`; `concurrency` until reads are timed.
+   */
+  #ceiling(): number {
+    const est = this.#sizer?.stats();
+    if (this.#maxConcurrency === this.#minCeiling || !est || !est.warm) return this.#minCeiling;
+    const part = est.partBytes;
+    const readMs = est.firstByteSeconds * 1000 + part / (est.bytesPerSecond / 1000);
+    const needed = Math.ceil((this.#targetBytesPerMs * readMs) / part);
+    return Math.min(this.#maxConcurrency, Math.max(this.#minCeiling, needed));
   }
 
   async #count<T>(op: "stat" | "read" | "list", fn: () => Promise<T>, background = false): Promise<T> {

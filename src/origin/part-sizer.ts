@@ -77,8 +77,14 @@ export class PartSizer {
     return Math.min(this.#max, Math.max(this.#min, pow2));
   }
 
-  /** The current estimates (for metrics). */
-  stats(): { samples: number; firstByteSeconds: number; bytesPerSecond: number; partBytes: number } {
-    return { samples: this.#samples, firstByteSeconds: this.#firstByteMs / 1000, bytesPerSecond: this.#bytesPerMs * 1000, partBytes: this.partBytes };
+  /** The current estimates (for metrics and the adaptive concurrency); `warm` once the warm-up's reads are in. */
+  stats(): { samples: number; warm: boolean; firstByteSeconds: number; bytesPerSecond: number; partBytes: number } {
+    return {
+      samples: this.#samples,
+      warm: this.#samples >= this.#warmup && this.#bytesPerMs > 0,
+      firstByteSeconds: this.#firstByteMs / 1000,
+      bytesPerSecond: this.#bytesPerMs * 1000,
+      partBytes: this.partBytes,
+    };
   }
 }

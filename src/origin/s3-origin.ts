@@ -32,8 +32,10 @@ export interface S3OriginOptions {
   readonly forcePathStyle?: boolean;
   /** Static credentials (tests); default: the SDK chain (environment, profiles, SSO, IMDS, ...). */
   readonly credentials?: { readonly accessKeyId: string; readonly secretAccessKey: string; readonly sessionToken?: string };
-  /** Requests in flight this origin gets from the gateway; sizes the keep-alive pool. */
+  /** Requests in flight this origin gets from the gateway at first; bounds hedges. */
   readonly concurrency: number;
+  /** Most requests in flight the gateway's adaptive limit may allow (default `concurrency`); sizes the keep-alive pool. */
+  readonly maxConcurrency?: number;
   /** An attempt that receives no byte for this long is abandoned (ms). */
   readonly timeoutMs: number;
   /** Retries and backoff. */
@@ -134,7 +136,7 @@ export class S3Origin implements Origin {
     this.#listPageSize = Math.min(1000, Math.max(1, opts.listPageSize ?? 1000));
     this.#random = opts.random ?? Math.random;
     this.#now = opts.now ?? (() => performance.now());
-    this.#client = opts.client ?? new S3Client(clientConfig(opts, opts.concurrency + this.#maxHedges));
+    this.#client = opts.client ?? new S3Client(clientConfig(opts, Math.max(opts.concurrency, opts.maxConcurrency ?? 0) + this.#maxHedges));
   }
 
   async stat(key: string, signal?: AbortSignal): Promise<ObjectInfo> {

@@ -29,7 +29,8 @@ export interface FaultProxy {
   /** `http://127.0.0.1:PORT` */
   readonly url: string;
   /** Requests seen, and faults injected by kind. */
-  readonly counts: { requests: number; faults: Record<string, number> };
+  /** Requests seen, faults injected by kind, and requests in flight now and at most. */
+  readonly counts: { requests: number; faults: Record<string, number>; inFlight: number; maxInFlight: number };
   /** Replaces the rule (and resets nothing else). */
   setRule(rule: FaultRule): void;
   /** Closes the listener and every connection (upstream ones too). */
@@ -66,7 +67,7 @@ export function onceEach(pick: (req: IncomingMessage, n: number) => Fault | unde
 export async function startFaultProxy(upstream: string, rule: FaultRule = () => ({ kind: "pass" })): Promise<FaultProxy> {
   const up = new URL(upstream);
   const sockets = new Set<Socket>();
-  const counts = { requests: 0, faults: {} as Record<string, number> };
+  const counts = { requests: 0, faults: {} as Record<string, number>, inFlight: 0, maxInFlight: 0 };
   let current = rule;
   const count = (kind: string) => (counts.faults[kind] = (counts.faults[kind] ?? 0) + 1);
 
@@ -122,6 +123,8 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
 
   const server: Server = createServer((req, res) => {
     counts.requests++;
+    counts.maxInFlight = Math.max(counts.maxInFlight, ++counts.inFlight);
+    res.on("close", () => counts.inFlight--);
     const fault = current(counts.requests, req);
     // Stalls and resets count when they happen (a body shorter than `afterBytes` escapes them).
     if (fault.kind !== "pass" && fault.kind !== "stall" && fault.kind !== "reset") count(fault.kind);

@@ -154,6 +154,42 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
     expect(await fixed.metric("rackfeed_origin_part_bytes", { origin: "s3" })).toBe(0); // not exported
   });
 
+  it("raises its reads in flight to what a far origin's latency × bandwidth needs (Little's law), and keeps a fixed limit when told", async () => {
+    // Four readers at once (quarters of the object): enough demand to fill any limit.
+    const readQuarters = (url: string, want: Uint8Array) =>
+      Promise.all([0, 1, 2, 3].map(async (q) => {
+        const [a, b] = [q * want.length / 4, (q + 1) * want.length / 4 - 1];
+        const r = await fetch(`${url}/v1/objects/s3/farther.bin`, { headers: { range: `bytes=${a}-${b}` } });
+        expectSameBytes(new Uint8Array(await r.arrayBuffer()), want.subarray(a, b + 1), `farther.bin ${a}-${b}`);
+      }));
+    const far = patternBytes(16 * 256 * 1024, 15); // 16 blocks of 256 KiB
+    await put(client, s3.bucket, `${prefix}farther.bin`, far);
+    // 200 ms to first byte: parts grow to whole 256 KiB blocks, and a 16 MiB/s target needs at
+    // least 16 MiB/s × 0.2 s ÷ 256 KiB = 12.8 reads in flight, far above --origin-concurrency 2.
+    const p = await proxy(latency(200));
+    // No hedges: every request the proxy sees is one the limit let through.
+    const flags = ["--block-bytes", "256KiB", "--part-bytes", "64KiB", "--origin-concurrency", "2", "--origin-target-bandwidth", "16MiB", "--origin-hedge", "0"];
+    const adaptive = await startBehind(p.url, [...flags, "--origin-concurrency-max", "32"]);
+    await readQuarters(adaptive.url, far);
+    // The ceiling is Little's law on what was measured: target × (first byte + part ÷ bandwidth) ÷ part.
+    const m = (name: string) => adaptive.metric(name, { origin: "s3" });
+    const [fb, bw, part] = [await m("rackfeed_origin_first_byte_seconds"), await m("rackfeed_origin_stream_bytes_per_second"), await m("rackfeed_origin_part_bytes")];
+    const needed = Math.ceil((16 * 2 ** 20 * (fb + part / bw)) / part);
+    const ceiling = await m("rackfeed_origin_concurrency_ceiling");
+    expect(ceiling).toBe(Math.min(32, Math.max(2, needed)));
+    expect(ceiling).toBeGreaterThanOrEqual(13);
+    expect(await adaptive.metric("rackfeed_origin_concurrency_limit", { origin: "s3" })).toBeGreaterThan(2);
+
+    const p2 = await proxy(latency(200));
+    const fixed = await startBehind(p2.url, [...flags, "--origin-concurrency-max", "2"]);
+    await readQuarters(fixed.url, far);
+    expect(await fixed.metric("rackfeed_origin_concurrency_ceiling", { origin: "s3" })).toBe(2);
+    expect(await fixed.metric("rackfeed_origin_concurrency_limit", { origin: "s3" })).toBe(2);
+    // The proxy saw the difference: far more requests at once with the adaptive limit. (Its own
+    // count runs a little high: it paces a response's end after the client has all the bytes.)
+    expect(p.counts.maxInFlight).toBeGreaterThanOrEqual(2 * p2.counts.maxInFlight);
+  }, 60_000);
+
   it("halves its reads in flight when the origin throttles, and wins them back once it stops", async () => {
     const big = patternBytes(64 * 128 * 1024, 14); // 64 blocks of 128 KiB = 256 parts of 32 KiB
     await put(client, s3.bucket, `${prefix}throttled.bin`, big);
