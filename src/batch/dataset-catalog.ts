@@ -204,7 +204,10 @@ export class DatasetCatalog {
         }
         throw e;
       });
-    const [bin, idx] = await Promise.all([stat(binKey), stat(idxKey)]);
+    // Both asked at once; a failure is reported in a fixed order (.bin first), not whichever came back first.
+    const settled = await Promise.allSettled([stat(binKey), stat(idxKey)]);
+    for (const r of settled) if (r.status === "rejected") throw r.reason;
+    const [bin, idx] = settled.map((r) => (r as PromiseFulfilledResult<ObjectInfo>).value);
     if (idx.size > this.#opts.maxIndexBytes) {
       throw new DatasetConfigError(
         field,

@@ -147,6 +147,8 @@ describe("health and read token", () => {
         headers: { authorization: "Bearer s3cret-token", range: "bytes=0-3" },
       });
       expect(ok.status).toBe(206);
+      // The answer depends on the token: no cache may reuse it for another one.
+      expect(ok.headers.get("vary")).toMatch(/\bAuthorization\b/i);
       expectSameBytes(new Uint8Array(await ok.arrayBuffer()), body.subarray(0, 4));
       expect((await fetch(`${guarded.url}/healthz`)).status).toBe(200);
     } finally {

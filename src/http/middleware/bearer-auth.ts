@@ -32,6 +32,9 @@ export const bearerAuth = (
       throw new CacheServerError("UNAUTHORIZED", `Missing or wrong ${opts.role} token: send "Authorization: Bearer <token>"`);
     }
     await next();
+    // The answer depends on the token: a browser (or any cache) must not hand a response fetched
+    // with one token to a request with another, which would skip this check.
+    c.header("vary", "Authorization", { append: true });
   };
 
 /** Compares two tokens in time that depends only on their lengths. */
