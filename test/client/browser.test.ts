@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import { writeFile } from "node:fs/promises";
+import { utimes, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { build } from "esbuild";
 import { chromium, type Browser } from "playwright-core";
@@ -23,6 +23,10 @@ beforeAll(async () => {
   await ws.put("tok/d.idx", idx);
   await ws.put("tok/d.bin", bin);
   await ws.put("obj.bin", patternBytes(300_000, 4));
+  // An old Last-Modified makes the browser cache the answer heuristically (no Cache-Control):
+  // the request with a wrong token below must still reach the server (Vary: Authorization).
+  const old = new Date("2020-01-01T00:00:00Z");
+  await utimes(join(ws.origin, "obj.bin"), old, old);
   await writeFile(join(ws.dir, "d.json"), JSON.stringify(REG));
   rf = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--block-bytes", "16KiB", "--read-token", TOKEN]);
   // platform "browser": a Node built-in anywhere in the SDK's imports fails the build here.
