@@ -125,7 +125,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     // quarter of the memory tier per stream.
     maxReadAheadBlocks: Math.max(
       config.readAheadBlocks,
-      Math.min(64, 2 * config.originConcurrencyMax, Math.floor(config.memoryBytes / 4 / config.blockBytes)),
+      Math.min(64, 2 * (config.partSizing === "auto" ? config.originConcurrencyMax : config.originConcurrency), Math.floor(config.memoryBytes / 4 / config.blockBytes)),
     ),
     now: env.now,
     onFill: (s, source) => metrics?.fillSeconds.observe({ source }, s),

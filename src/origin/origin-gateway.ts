@@ -229,6 +229,7 @@ export class OriginGateway {
     const ceiling = this.#ceiling();
     if (limit > ceiling) {
       // The origin got nearer or faster: fewer reads in flight sustain the target.
+      this.#sinceRaise = 0;
       this.#limiter.setConcurrency(ceiling);
       return;
     }
@@ -243,12 +244,15 @@ export class OriginGateway {
    * The reads in flight that sustain the target bandwidth (Little's law): each read of a part
    * takes first byte + part ÷ one connection's bandwidth, so `target × that time ÷ part` of them
    * must overlap. Between `concurrency` and `maxConcurrency`; `concurrency` until reads are timed.
+   * From the shortest first byte and fastest connection seen, not the recent averages: our own
+   * reads share the origin, so under load each connection looks slower, and averages would ask
+   * for ever more reads from an origin that is simply full (a runaway to the maximum).
    */
   #ceiling(): number {
     const est = this.#sizer?.stats();
     if (this.#maxConcurrency === this.#minCeiling || !est || !est.warm) return this.#minCeiling;
     const part = est.partBytes;
-    const readMs = est.firstByteSeconds * 1000 + part / (est.bytesPerSecond / 1000);
+    const readMs = est.minFirstByteSeconds * 1000 + part / (est.maxBytesPerSecond / 1000);
     const needed = Math.ceil((this.#targetBytesPerMs * readMs) / part);
     return Math.min(this.#maxConcurrency, Math.max(this.#minCeiling, needed));
   }

@@ -44,6 +44,9 @@ export class PartSizer {
   readonly #warmup: number;
   #samples = 0;
   #firstByteMs = 0;
+  /** The shortest time to first byte and the fastest connection seen: the origin unloaded by us. */
+  #minFirstByteMs = Infinity;
+  #maxBytesPerMs = 0;
   /** Body bytes per ms of one connection. */
   #bytesPerMs = 0;
 
@@ -66,6 +69,8 @@ export class PartSizer {
     const a = Math.max(0.1, 1 / (this.#samples + 1));
     this.#firstByteMs += a * (t.firstByteMs - this.#firstByteMs);
     this.#bytesPerMs += a * (t.bytes / bodyMs - this.#bytesPerMs);
+    this.#minFirstByteMs = Math.min(this.#minFirstByteMs, t.firstByteMs);
+    this.#maxBytesPerMs = Math.max(this.#maxBytesPerMs, t.bytes / bodyMs);
     this.#samples++;
   }
 
@@ -78,12 +83,22 @@ export class PartSizer {
   }
 
   /** The current estimates (for metrics and the adaptive concurrency); `warm` once the warm-up's reads are in. */
-  stats(): { samples: number; warm: boolean; firstByteSeconds: number; bytesPerSecond: number; partBytes: number } {
+  stats(): {
+    samples: number;
+    warm: boolean;
+    firstByteSeconds: number;
+    bytesPerSecond: number;
+    minFirstByteSeconds: number;
+    maxBytesPerSecond: number;
+    partBytes: number;
+  } {
     return {
       samples: this.#samples,
-      warm: this.#samples >= this.#warmup && this.#bytesPerMs > 0,
+      warm: this.#samples >= this.#warmup && this.#maxBytesPerMs > 0,
       firstByteSeconds: this.#firstByteMs / 1000,
       bytesPerSecond: this.#bytesPerMs * 1000,
+      minFirstByteSeconds: this.#minFirstByteMs / 1000,
+      maxBytesPerSecond: this.#maxBytesPerMs * 1000,
       partBytes: this.partBytes,
     };
   }

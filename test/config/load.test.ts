@@ -115,3 +115,14 @@ describe("loadConfig part size", () => {
     expect(() => load(["--block-bytes", "64KiB", "--part-bytes", "1MiB"])).toThrow(/--part-bytes/);
   });
 });
+
+describe("loadConfig origin concurrency", () => {
+  it("lets the adaptive maximum follow a larger --origin-concurrency, and refuses an explicit maximum below it", () => {
+    expect(load([])).toMatchObject({ originConcurrency: 16, originConcurrencyMax: 64, originTargetBandwidth: 2 ** 30 });
+    expect(load(["--origin-concurrency", "100"]).originConcurrencyMax).toBe(100);
+    expect(load(["--origin-concurrency", "8", "--origin-concurrency-max", "8"]).originConcurrencyMax).toBe(8);
+    expect(() => load(["--origin-concurrency", "32", "--origin-concurrency-max", "16"])).toThrow(
+      /--origin-concurrency-max: 16 is below --origin-concurrency 32/,
+    );
+  });
+});

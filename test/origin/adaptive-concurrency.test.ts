@@ -110,6 +110,37 @@ describe("adaptive origin concurrency (Little's law, slow start, AIMD)", () => {
     expect(gw.stats()).toMatchObject({ concurrencyCeiling: 4, concurrencyLimit: 4 });
   });
 
+  it("does not ask for ever more reads from an origin that is simply full (its connections slow down under our own load)", async () => {
+    // 200 MB/s in all, at most 100 MB/s per connection, 20 ms to first byte: with N reads in
+    // flight each connection gets 200/N MB/s. Averages of what is measured under load would keep
+    // asking for more reads (the per-connection figure falls as the limit grows).
+    const origin = new TimedOrigin();
+    origin.firstByteMs = 20;
+    let inFlight = 0;
+    const read = origin.read.bind(origin);
+    origin.read = async (key, info, offset, dest) => {
+      inFlight++;
+      origin.bytesPerSecond = Math.min(100e6, 200e6 / inFlight);
+      await read(key, info, offset, dest);
+      await new Promise((r) => setImmediate(r));
+      inFlight--;
+    };
+    const gw = gateway(origin, 64);
+    const dest = new Uint8Array(MiB);
+    let maxInFlight = 0;
+    await Promise.all(Array.from({ length: 64 }, async () => {
+      for (let i = 0; i < 40; i++) {
+        await gw.read("k", INFO, 0, dest);
+        maxInFlight = Math.max(maxInFlight, inFlight);
+      }
+    }));
+    const s = gw.stats();
+    // Little's law on the origin unloaded (20 ms + part ÷ 100 MB/s) stays well below the maximum.
+    expect(s.concurrencyCeiling).toBeLessThan(64);
+    expect(s.concurrencyLimit).toBeLessThanOrEqual(s.concurrencyCeiling);
+    expect(s.concurrencyCeiling).toBe(Math.ceil((512 * MiB * (0.02 + s.partBytes! / 100e6)) / s.partBytes!));
+  });
+
   it("keeps a fixed limit when the maximum is --origin-concurrency, and refuses a maximum below it", async () => {
     const origin = new TimedOrigin();
     const gw = gateway(origin, 4);
