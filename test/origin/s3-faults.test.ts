@@ -171,13 +171,11 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
     const flags = ["--block-bytes", "256KiB", "--part-bytes", "64KiB", "--origin-concurrency", "2", "--origin-target-bandwidth", "16MiB", "--origin-hedge", "0"];
     const adaptive = await startBehind(p.url, [...flags, "--origin-concurrency-max", "32"]);
     await readQuarters(adaptive.url, far);
-    // The ceiling is Little's law on what was measured: target × (first byte + part ÷ bandwidth) ÷ part.
-    const m = (name: string) => adaptive.metric(name, { origin: "s3" });
-    const [fb, bw, part] = [await m("rackfeed_origin_first_byte_seconds"), await m("rackfeed_origin_stream_bytes_per_second"), await m("rackfeed_origin_part_bytes")];
-    const needed = Math.ceil((16 * 2 ** 20 * (fb + part / bw)) / part);
-    const ceiling = await m("rackfeed_origin_concurrency_ceiling");
-    expect(ceiling).toBe(Math.min(32, Math.max(2, needed)));
+    // Little's law: at least 16 MiB/s × 0.2 s ÷ the largest part (a 256 KiB block) = 12.8 reads;
+    // the exact figure (unit-tested) also counts each part's transfer time.
+    const ceiling = await adaptive.metric("rackfeed_origin_concurrency_ceiling", { origin: "s3" });
     expect(ceiling).toBeGreaterThanOrEqual(13);
+    expect(ceiling).toBeLessThanOrEqual(32);
     expect(await adaptive.metric("rackfeed_origin_concurrency_limit", { origin: "s3" })).toBeGreaterThan(2);
 
     const p2 = await proxy(latency(200));
