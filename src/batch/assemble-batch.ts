@@ -56,8 +56,9 @@ let segmentScratch = new Float64Array(SEGMENT_STRIDE * 4096);
 
 /** Bytes of plans kept for reuse, all datasets together. */
 const PLAN_CACHE_BYTES = 32 * 2 ** 20;
-/** Slots of the plan table (a power of two). */
-const PLAN_SLOTS = 4096;
+/** Slots of the plan table: 2^PLAN_SLOT_BITS. */
+const PLAN_SLOT_BITS = 12;
+const PLAN_SLOTS = 2 ** PLAN_SLOT_BITS;
 
 interface KeptPlan {
   readonly regId: number;
@@ -92,7 +93,7 @@ let lastRegId = 0;
 export function planSamples(reg: RegisteredDataset, first: number, count: number, blockBytes: number, keep = true): SamplePlan {
   let id = regIds.get(reg);
   if (id === undefined) regIds.set(reg, (id = ++lastRegId));
-  const slot = (Math.imul(first, 0x9e3779b1) ^ Math.imul(count + id + blockBytes, 0x85ebca6b)) >>> (32 - Math.log2(PLAN_SLOTS));
+  const slot = (Math.imul(first, 0x9e3779b1) ^ Math.imul(count + id + blockBytes, 0x85ebca6b)) >>> (32 - PLAN_SLOT_BITS);
   const e = kept[slot];
   if (e !== undefined && e.regId === id && e.first === first && e.count === count && e.blockBytes === blockBytes) return e.plan;
   const plan = computePlan(reg, first, count, blockBytes);
@@ -156,9 +157,14 @@ function computePlan(reg: RegisteredDataset, first: number, count: number, block
   return { segments: segmentScratch.slice(0, at), segmentCount: at / SEGMENT_STRIDE, blocks };
 }
 
-/** The blocks of a plan: source and block index from the packed number. */
-export function unpackBlock(packed: number): { source: number; index: number } {
-  return { source: Math.floor(packed / BLOCK_KEY), index: packed % BLOCK_KEY };
+/** The source of a plan's block (`SamplePlan.blocks` packs source and block index in one number). */
+export function blockSource(packed: number): number {
+  return Math.floor(packed / BLOCK_KEY);
+}
+
+/** The block index within its source's `.bin` of a plan's block. */
+export function blockIndex(packed: number): number {
+  return packed % BLOCK_KEY;
 }
 
 /**
@@ -208,8 +214,8 @@ export async function assembleSamples(
   let fetches: Promise<void>[] | undefined;
   for (let pos = 0; pos < plan.blocks.length; pos++) {
     const packed = plan.blocks[pos];
-    const f = reg.files[Math.floor(packed / BLOCK_KEY)];
-    const index = packed % BLOCK_KEY;
+    const f = reg.files[blockSource(packed)];
+    const index = blockIndex(packed);
     const inMemory = cache.memoryBlock(f.gw, f.binKey, f.bin, index);
     if (inMemory) {
       from.memory++;

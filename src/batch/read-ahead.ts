@@ -6,7 +6,7 @@
  */
 
 import type { BlockCache } from "../cache/block-cache.ts";
-import { planSamples, unpackBlock } from "./assemble-batch.ts";
+import { blockIndex, blockSource, planSamples } from "./assemble-batch.ts";
 import type { RegisteredDataset } from "./dataset-catalog.ts";
 
 /** Who reads: one trainer rank's view of a dataset. */
@@ -167,8 +167,8 @@ export class ReadAhead {
       const due = now + (s - c.step) * stepMs;
       const keys: string[] = [];
       for (const packed of plan.blocks) {
-        const f = c.reg.files[Math.floor(packed / 2 ** 32)]; // unpackBlock, without an object per block
-        const index = packed % 2 ** 32;
+        const f = c.reg.files[blockSource(packed)];
+        const index = blockIndex(packed);
         const k = cache.keyOf(f.gw, f.binKey, f.bin, index);
         keys.push(k);
         const queue = c.dues.get(k);
@@ -229,9 +229,8 @@ export class ReadAhead {
       outer: for (let s = c.step + 1; s <= last; s++) {
         const plan = planSamples(c.reg, stepSamples(s, c.key.rank, c.key.world, c.key.microBatch), c.key.microBatch, cache.blockBytes, false);
         for (const packed of plan.blocks) {
-          const { source, index } = unpackBlock(packed);
-          const f = c.reg.files[source];
-          if (!cache.inMemory(f.gw, f.binKey, f.bin, index)) break outer;
+          const f = c.reg.files[blockSource(packed)];
+          if (!cache.inMemory(f.gw, f.binKey, f.bin, blockIndex(packed))) break outer;
         }
         buffered++;
       }

@@ -278,16 +278,15 @@ export class BlockCache {
       this.#keys.set(info, ks);
     }
     let k = ks.byIndex.get(index);
-    if (k === undefined) {
-      if (this.#keysKept >= KEYS_KEPT) {
-        this.#keys = new WeakMap();
-        this.#keysKept = 0;
-        ks = { origin: gw.name, key, byIndex: new Map() };
-        this.#keys.set(info, ks);
-      }
-      ks.byIndex.set(index, (k = this.#blockKey(gw.name, key, info.version, index)));
-      this.#keysKept++;
+    if (k !== undefined) return k;
+    if (this.#keysKept >= KEYS_KEPT) {
+      // Start over: every other version's keys go with the old map, this one's are cleared.
+      this.#keys = new WeakMap([[info, ks]]);
+      ks.byIndex.clear();
+      this.#keysKept = 0;
     }
+    ks.byIndex.set(index, (k = this.#blockKey(gw.name, key, info.version, index)));
+    this.#keysKept++;
     return k;
   }
 

@@ -4,7 +4,7 @@
  * trainers keep the origin's foreground slots.
  */
 
-import { planSamples, unpackBlock } from "../batch/assemble-batch.ts";
+import { blockIndex, blockSource, planSamples } from "../batch/assemble-batch.ts";
 import type { DatasetCatalog } from "../batch/dataset-catalog.ts";
 import { stepSamples } from "../batch/read-ahead.ts";
 import type { BlockCache } from "../cache/block-cache.ts";
@@ -257,7 +257,8 @@ export class PrefetchJobs {
       for (const packed of plan.blocks) {
         if (seen.has(packed)) continue;
         seen.add(packed);
-        const { source, index } = unpackBlock(packed);
+        const source = blockSource(packed);
+        const index = blockIndex(packed);
         const f = reg.files[source];
         tasks.push({
           gw: f.gw,

@@ -1,7 +1,7 @@
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { assembleSamples, planSamples } from "../../src/batch/assemble-batch.ts";
+import { assembleSamples, blockSource, planSamples } from "../../src/batch/assemble-batch.ts";
 import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { encodeIndex, readSample } from "../../src/dataset/mod.ts";
 import { patternBytes } from "../helpers/rackfeed.ts";
@@ -76,7 +76,7 @@ describe("batch planning", () => {
     const bb = rf.server.cache.blockBytes;
     const ends = Array.from({ length: plan.segmentCount }, (_, i) => plan.segments[4 * i + 3]);
     expect(ends.filter((e) => e === bb).length).toBeGreaterThan(0);
-    expect(new Set(plan.blocks.map((b) => Math.floor(b / 2 ** 32))).size).toBe(2);
+    expect(new Set(plan.blocks.map(blockSource)).size).toBe(2);
     const batch = await assembleSamples(rf.server.cache, reg, first, count, 2 ** 30);
     const got = new Int32Array(batch.body.buffer, batch.body.byteOffset, count * w);
     const want = new Int32Array(w);
