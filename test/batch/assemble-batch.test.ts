@@ -1,11 +1,9 @@
-import { writeFile } from "node:fs/promises";
-import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { assembleSamples, blockSource, planSamples } from "../../src/batch/assemble-batch.ts";
 import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { encodeIndex, readSample } from "../../src/dataset/mod.ts";
 import { patternBytes } from "../helpers/rackfeed.ts";
-import { syntheticDataset } from "../helpers/token-data.ts";
+import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const ADMIN = "admin-token-for-tests";
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 96, seed: 4, split: "100,0,0", split_index: 0, num_samples: 3000 };
@@ -14,15 +12,12 @@ let rf: RunningServer;
 
 beforeAll(async () => {
   ws = await makeWorkspace();
-  const { idx, bin } = syntheticDataset(1000, 20, 400);
-  await ws.put("tok/d.idx", idx);
-  await ws.put("tok/d.bin", bin);
-  await writeFile(join(ws.dir, "d.json"), JSON.stringify(REG));
+  await putSyntheticDataset(ws, "tok/d", 1000, 20, 400);
   // An int32 source to blend with the uint16 one: the blend is served as int32.
   const lengths = Array.from({ length: 500 }, (_, i) => 20 + ((i * 7919) % 381));
   await ws.put("tok/w.idx", encodeIndex({ dtypeCode: 4, lengths }));
   await ws.put("tok/w.bin", patternBytes(lengths.reduce((a, b) => a + b, 0) * 4, 9));
-  rf = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--block-bytes", "8KiB", "--admin-token", ADMIN]);
+  rf = await startServer(ws, [...(await datasetFlags(ws, "d", REG)), "--block-bytes", "8KiB", "--admin-token", ADMIN]);
 });
 afterAll(async () => {
   await rf.close();

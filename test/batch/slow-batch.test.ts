@@ -3,7 +3,7 @@ import { type BatchCost, classifySlowBatch } from "../../src/batch/batch-stats.t
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import type { ObjectInfo } from "../../src/origin/origin.ts";
 import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
-import { syntheticDataset } from "../helpers/token-data.ts";
+import { putSyntheticDataset } from "../helpers/token-data.ts";
 
 const base: BatchCost = {
   blocksTotal: 8,
@@ -46,9 +46,7 @@ const ADMIN = "admin-token-for-tests";
 let ws: Workspace;
 beforeAll(async () => {
   ws = await makeWorkspace();
-  const { idx, bin } = syntheticDataset(2000, 100, 1500);
-  await ws.put("tok/d.idx", idx);
-  await ws.put("tok/d.bin", bin);
+  await putSyntheticDataset(ws, "tok/d", 2000, 100, 1500);
 });
 afterAll(async () => {
   await ws.remove();

@@ -1,12 +1,12 @@
 import { createHash } from "node:crypto";
-import { utimes, writeFile } from "node:fs/promises";
+import { utimes } from "node:fs/promises";
 import { join } from "node:path";
 import { build } from "esbuild";
 import { chromium, type Browser } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { makeWorkspace, patternBytes, readMetric, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { ROOT } from "../helpers/spawn.ts";
-import { syntheticDataset } from "../helpers/token-data.ts";
+import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const CHROMIUM = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
 const TOKEN = "read-token-for-browser-tests";
@@ -19,16 +19,13 @@ let sdk: string;
 
 beforeAll(async () => {
   ws = await makeWorkspace();
-  const { idx, bin } = syntheticDataset(1500, 50, 600);
-  await ws.put("tok/d.idx", idx);
-  await ws.put("tok/d.bin", bin);
+  await putSyntheticDataset(ws, "tok/d", 1500, 50, 600);
   await ws.put("obj.bin", patternBytes(300_000, 4));
   // An old Last-Modified makes the browser cache the answer heuristically (no Cache-Control):
   // the request with a wrong token below must still reach the server (Vary: Authorization).
   const old = new Date("2020-01-01T00:00:00Z");
   await utimes(join(ws.origin, "obj.bin"), old, old);
-  await writeFile(join(ws.dir, "d.json"), JSON.stringify(REG));
-  rf = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--block-bytes", "16KiB", "--read-token", TOKEN]);
+  rf = await startServer(ws, [...(await datasetFlags(ws, "d", REG)), "--block-bytes", "16KiB", "--read-token", TOKEN]);
   // platform "browser": a Node built-in anywhere in the SDK's imports fails the build here.
   const out = await build({
     entryPoints: [join(ROOT, "src/client/mod.ts")],

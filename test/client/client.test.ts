@@ -1,12 +1,11 @@
 import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
-import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
 import { createClient, http2Fetch } from "../../src/client/node.ts";
 import { expectSameBytes, freePort, makeWorkspace, patternBytes, readMetric, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
-import { syntheticDataset } from "../helpers/token-data.ts";
+import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
 let ws: Workspace;
@@ -15,12 +14,9 @@ let args: string[];
 
 beforeAll(async () => {
   ws = await makeWorkspace();
-  const { idx, bin } = syntheticDataset(1500, 50, 600);
-  await ws.put("tok/d.idx", idx);
-  await ws.put("tok/d.bin", bin);
+  await putSyntheticDataset(ws, "tok/d", 1500, 50, 600);
   await ws.put("obj.bin", patternBytes(100_000, 3));
-  await writeFile(join(ws.dir, "d.json"), JSON.stringify(REG));
-  args = ["--dataset", `d=${join(ws.dir, "d.json")}`, "--block-bytes", "16KiB"];
+  args = [...(await datasetFlags(ws, "d", REG)), "--block-bytes", "16KiB"];
   rf = await startServer(ws, args);
 });
 afterAll(async () => {

@@ -2,7 +2,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import type { ObjectInfo } from "../../src/origin/origin.ts";
 import { makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
-import { syntheticDataset } from "../helpers/token-data.ts";
+import { putSyntheticDataset } from "../helpers/token-data.ts";
 
 const ADMIN = "admin-token-for-tests";
 const KiB = 1024;
@@ -152,9 +152,7 @@ describe("prefetch jobs", () => {
   });
 
   it("by dataset steps fills exactly the blocks those batches need", async () => {
-    const { idx, bin } = syntheticDataset(2000, 100, 1500);
-    await ws.put("tok/d.idx", idx);
-    await ws.put("tok/d.bin", bin);
+    await putSyntheticDataset(ws, "tok/d", 2000, 100, 1500);
     const rf = await start(["--read-ahead-seconds", "0", "--memory-bytes", "64MiB"]);
     const reg = await fetch(`${rf.url}/v1/datasets/d`, {
       method: "PUT",

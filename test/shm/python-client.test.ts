@@ -1,13 +1,12 @@
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
 import { readdirSync } from "node:fs";
-import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { ROOT } from "../helpers/spawn.ts";
-import { syntheticDataset } from "../helpers/token-data.ts";
+import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 /** Debian's python3 with python3-msgpack (.ci/run installs it); a missing one fails, never skips. */
 const PYTHON = process.env.RACKFEED_PYTHON ?? "/usr/bin/python3";
@@ -21,12 +20,9 @@ let shmDir: string;
 
 beforeAll(async () => {
   ws = await makeWorkspace();
-  const { idx, bin } = syntheticDataset(3000, 20, 300);
-  await ws.put("tok/d.idx", idx);
-  await ws.put("tok/d.bin", bin);
-  await writeFile(join(ws.dir, "d.json"), JSON.stringify(REG));
+  await putSyntheticDataset(ws, "tok/d", 3000, 20, 300);
   shmDir = join(ws.dir, "shm");
-  rf = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--block-bytes", "4KiB", "--memory-bytes", "1MiB", "--shm-dir", shmDir, "--read-token", TOKEN]);
+  rf = await startServer(ws, [...(await datasetFlags(ws, "d", REG)), "--block-bytes", "4KiB", "--memory-bytes", "1MiB", "--shm-dir", shmDir, "--read-token", TOKEN]);
   socketPath = (await (await fetch(`${rf.url}/v1/shm`, { headers: { authorization: `Bearer ${TOKEN}` } })).json()).socket;
 });
 afterAll(async () => {

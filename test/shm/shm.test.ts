@@ -1,7 +1,6 @@
 import { execFile, execFileSync, spawn } from "node:child_process";
 import { promisify } from "node:util";
 import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, statfsSync, statSync, writeFileSync } from "node:fs";
-import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient } from "../../src/client/mod.ts";
@@ -25,13 +24,15 @@ import {
 import { ShmStartupError } from "../../src/server.ts";
 import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { NODE, NODE_TS, ROOT } from "../helpers/spawn.ts";
-import { syntheticDataset } from "../helpers/token-data.ts";
+import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 64, seed: 9, split: "100,0,0", split_index: 0, num_samples: 5000 };
 let ws: Workspace;
 let rf: RunningServer;
 let args: string[];
 let shmDir: string;
+/** The serve flags that register dataset `d`. */
+let dataset: string[];
 
 /** A filesystem origin (the one a spec names) whose every read first awaits `beforeRead()`. */
 function originWithSlowReads(spec: Config["origins"][number], beforeRead: () => Promise<void>): Origin {
@@ -64,13 +65,11 @@ async function withTmpfs(dir: string, size: string, fn: () => Promise<void>): Pr
 
 beforeAll(async () => {
   ws = await makeWorkspace();
-  const { idx, bin } = syntheticDataset(3000, 20, 300);
-  await ws.put("tok/d.idx", idx);
-  await ws.put("tok/d.bin", bin);
-  await writeFile(join(ws.dir, "d.json"), JSON.stringify(REG));
+  await putSyntheticDataset(ws, "tok/d", 3000, 20, 300);
+  dataset = await datasetFlags(ws, "d", REG);
   shmDir = join(ws.dir, "shm");
   // Small blocks and memory: batches keep missing the cache, so fills (and their jitter) happen throughout.
-  args = ["--dataset", `d=${join(ws.dir, "d.json")}`, "--block-bytes", "4KiB", "--memory-bytes", "1MiB", "--shm-dir", shmDir];
+  args = [...dataset, "--block-bytes", "4KiB", "--memory-bytes", "1MiB", "--shm-dir", shmDir];
   rf = await startServer(ws, args, { makeOrigin: jitteryOrigin });
 });
 afterAll(async () => {
@@ -261,7 +260,7 @@ describe("shared-memory fast path", () => {
   });
 
   it("says where the shm path stops on a server without it (404), and the SDK uses HTTP", async () => {
-    const plain = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", "off"]);
+    const plain = await startServer(ws, [...dataset, "--shm-dir", "off"]);
     try {
       const res = await fetch(`${plain.url}/v1/shm`);
       expect(res.status).toBe(404);
@@ -276,7 +275,7 @@ describe("shared-memory fast path", () => {
 
   it("falls back to HTTP when the rings' byte budget is full", async () => {
     const dir = join(ws.dir, "shm-small");
-    const small = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--shm-bytes", "1MiB"]);
+    const small = await startServer(ws, [...dataset, "--shm-dir", dir, "--shm-bytes", "1MiB"]);
     try {
       const c = new RackfeedClient({ url: small.url, local: localTransport() });
       // 2000 samples × 65 tokens × 2 bytes = 260 KB a slot; 5 slots exceed 1 MiB.
@@ -298,7 +297,7 @@ describe("shared-memory fast path", () => {
     // allocated when the ring is made, so this is ENOSPC at open, never SIGBUS mid-batch.
     const tiny = join(ws.dir, "tiny");
     await withTmpfs(tiny, "1m", async () => {
-      const full = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", tiny, "--shm-bytes", "64MiB"]);
+      const full = await startServer(ws, [...dataset, "--shm-dir", tiny, "--shm-bytes", "64MiB"]);
       try {
         const c = new RackfeedClient({ url: full.url, local: localTransport() });
         const got = [];
@@ -335,7 +334,7 @@ describe("shared-memory fast path", () => {
     await withTmpfs(tmpfs, "16m", async () => {
       const free = () => statfsSync(tmpfs).bfree;
       const before = free();
-      const server = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", tmpfs]);
+      const server = await startServer(ws, [...dataset, "--shm-dir", tmpfs]);
       try {
         const c = new RackfeedClient({ url: server.url, local: localTransport() }); // mapped (koffi)
         let last: Uint16Array | undefined;
@@ -360,7 +359,7 @@ describe("shared-memory fast path", () => {
     let stalling = false;
     let stalled = 0;
     const dir = join(ws.dir, "shm-stall");
-    const stuck = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--cache-dir", join(ws.dir, "c-stall")], {
+    const stuck = await startServer(ws, [...dataset, "--shm-dir", dir, "--cache-dir", join(ws.dir, "c-stall")], {
       makeOrigin: (spec) =>
         originWithSlowReads(spec, async () => {
           if (!stalling) return;
@@ -390,7 +389,7 @@ describe("shared-memory fast path", () => {
 
   it("requires the read token in hello when the server has one", async () => {
     const dir = join(ws.dir, "shm-token");
-    const locked = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--read-token", "s3cret-token-1"]);
+    const locked = await startServer(ws, [...dataset, "--shm-dir", dir, "--read-token", "s3cret-token-1"]);
     try {
       const socket = join(dir, `rackfeed-${new URL(locked.url).port}.sock`);
       const refused = await exchange([encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION })], 1, socket);
@@ -411,7 +410,7 @@ describe("shared-memory fast path", () => {
     const dir = join(ws.dir, "shm-peer");
     // Outside the workspace (mode 0700), so that a peer running as nobody can reach it.
     const socket = `/tmp/rackfeed-peer-${process.pid}-${Date.now()}.sock`;
-    const locked = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--shm-socket", socket, "--read-token", "s3cret-token-2"], {
+    const locked = await startServer(ws, [...dataset, "--shm-dir", dir, "--shm-socket", socket, "--read-token", "s3cret-token-2"], {
       peers: { of: (s) => withFd(s, credentials!), uid: 0 },
     });
     try {
@@ -444,7 +443,7 @@ describe("shared-memory fast path", () => {
   it("removes rings of dead servers and a stale socket at start-up, and refuses a socket a live server holds", async () => {
     const dir = join(ws.dir, "shm-restart");
     const socket = join(dir, "rf.sock");
-    const first = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--shm-socket", socket]);
+    const first = await startServer(ws, [...dataset, "--shm-dir", dir, "--shm-socket", socket]);
     try {
       await expect(startServer(ws, ["--shm-dir", dir, "--shm-socket", socket])).rejects.toThrow(ShmStartupError);
       await expect(startServer(ws, ["--shm-dir", dir, "--shm-socket", socket])).rejects.toThrow(/held by a running server/);
@@ -458,7 +457,7 @@ describe("shared-memory fast path", () => {
     writeFileSync(join(dir, "rackfeed-ring-4242-deadbeef-1.ring"), new Uint8Array(8192));
     writeFileSync(join(dir, "rackfeed-ring-77-cafe-1.ring"), new Uint8Array(8192)); // pid 77 is alive here
     await leaveStaleSocket(socket);
-    const second = await startServer(ws, ["--dataset", `d=${join(ws.dir, "d.json")}`, "--shm-dir", dir, "--shm-socket", socket], {
+    const second = await startServer(ws, [...dataset, "--shm-dir", dir, "--shm-socket", socket], {
       pid: 1234,
       isAlive: (pid) => pid !== 4242,
     });
@@ -477,7 +476,7 @@ describe("shared-memory fast path", () => {
   it("survives a server restart mid-iteration over shm: resumes at the next step with no duplicate and no gap", async () => {
     const port = await freePort();
     const dir = join(ws.dir, "shm-restart-2");
-    const a = ["--dataset", `d=${join(ws.dir, "d.json")}`, "--listen", `127.0.0.1:${port}`, "--shm-dir", dir, "--cache-dir", join(ws.dir, "rc")];
+    const a = [...dataset, "--listen", `127.0.0.1:${port}`, "--shm-dir", dir, "--cache-dir", join(ws.dir, "rc")];
     let server: RunningServer | undefined = await startServer(ws, a);
     const c = new RackfeedClient({ url: `http://127.0.0.1:${port}`, local: localTransport(), backoffMs: 20, maxBackoffMs: 200, retries: 50 });
     const got: { step: number; bytes: Uint8Array; transport: string }[] = [];
