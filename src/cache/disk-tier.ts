@@ -1,16 +1,22 @@
 /**
  * @module The NVMe tier: one file per block under the cache directory, each with a header
- * that names its key and a SHA-256 of its payload. Written to a temporary name and renamed,
+ * that names its key and a CRC-32 of its payload. Written to a temporary name and renamed,
  * so a block is never torn; verified on every read, so a corrupt block is dropped, never
  * served; its index is rebuilt from the headers at start-up, so a restart keeps the warm cache.
  */
 
 import { createHash, randomBytes } from "node:crypto";
+import { crc32 } from "node:zlib";
 import { mkdir, open, readdir, rename, rm, stat, unlink } from "node:fs/promises";
 
-const MAGIC = new TextEncoder().encode("RFBLK001");
-/** magic(8) + header length u32 + payload length u32 + sha256(32) */
-const FIXED_HEADER = 8 + 4 + 4 + 32;
+// Format 2 checks payloads with CRC-32 (zlib's, SIMD: 3–7 GB/s here) instead of format 1's
+// SHA-256 (~1.1 GB/s, on the main thread for every block written and read: 18 % of a cold
+// fill's CPU). The check is against torn or rotted files, not an adversary: whoever can write
+// the cache directory can write any payload with its sum. Format-1 files fail the magic and
+// are dropped at start-up like any unreadable block.
+const MAGIC = new TextEncoder().encode("RFBLK002");
+/** magic(8) + header length u32 + payload length u32 + crc32 of the payload u32 */
+const FIXED_HEADER = 8 + 4 + 4 + 4;
 const MAX_HEADER = FIXED_HEADER + 4096;
 
 /** Counters of the NVMe tier. */
@@ -309,7 +315,7 @@ function encodeHeader(keyBytes: Uint8Array, payload: Uint8Array): Uint8Array {
   header.set(MAGIC, 0);
   view.setUint32(8, header.length, true);
   view.setUint32(12, payload.length, true);
-  header.set(createHash("sha256").update(payload).digest(), 16);
+  view.setUint32(16, crc32(payload), true);
   header.set(keyBytes, FIXED_HEADER);
   return header;
 }
@@ -319,9 +325,8 @@ function verifyBlockFile(file: Uint8Array, key: string): Uint8Array | undefined 
   const h = parseHeader(file, file.length);
   if (!h || h.key !== key) return undefined;
   const payload = file.subarray(h.headerBytes);
-  const sum = createHash("sha256").update(payload).digest();
-  for (let i = 0; i < 32; i++) if (sum[i] !== file[16 + i]) return undefined;
-  return payload;
+  const view = new DataView(file.buffer, file.byteOffset, file.byteLength);
+  return crc32(payload) === view.getUint32(16, true) ? payload : undefined;
 }
 
 function parseHeader(

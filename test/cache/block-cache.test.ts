@@ -167,6 +167,26 @@ describe("the NVMe tier", () => {
     expectSameBytes(await bytesOf(await fetch(`${b.url}/v1/objects/data/t.bin`)), patternBytes(64 * KiB, 8));
   });
 
+  it("drops block files of the older SHA-256 format at start-up and refetches their blocks", async () => {
+    const body = patternBytes(2 * 64 * KiB, 9);
+    await ws.put("old.bin", body);
+    const a = await start(args);
+    await bytesOf(await fetch(`${a.url}/v1/objects/data/old.bin`));
+    await running.pop()!.close();
+    const files = await blockFiles(ws.cache);
+    expect(files.length).toBe(2);
+    const raw = await readFile(files[0]);
+    expect(new TextDecoder().decode(raw.subarray(0, 8))).toBe("RFBLK002");
+    raw[7] = "1".charCodeAt(0); // format 1: the same file is no longer a block this version reads
+    await writeFile(files[0], raw);
+
+    const b = await start(args);
+    expect(await b.metric("rackfeed_cache_blocks", { tier: "disk" })).toBe(1);
+    expect(await b.metric("rackfeed_cache_corrupt_blocks_total")).toBe(1);
+    expectSameBytes(await bytesOf(await fetch(`${b.url}/v1/objects/data/old.bin`)), body);
+    expect(await b.metric("rackfeed_origin_requests_total", { origin: "data", op: "read" })).toBe(1);
+  });
+
   it("keeps both tiers within their byte budgets while serving more than fits", async () => {
     const objects = Array.from({ length: 6 }, (_, i) => patternBytes(512 * KiB, 10 + i)); // 3 MiB in all
     for (const [i, o] of objects.entries()) await ws.put(`e/${i}.bin`, o);
