@@ -2,6 +2,7 @@
 
 import { Hono } from "hono";
 import type { BatchStats } from "./batch/batch-stats.ts";
+import type { BatchBodies } from "./http/routes/datasets.ts";
 import type { DatasetCatalog } from "./batch/dataset-catalog.ts";
 import type { ReadAhead } from "./batch/read-ahead.ts";
 import type { BlockCache } from "./cache/block-cache.ts";
@@ -45,6 +46,8 @@ export interface AppDeps {
   readonly wrapBody: (bytes: Uint8Array) => BodyInit;
   /** Largest samples/batch body. */
   readonly maxBatchBytes: number;
+  /** Reusable batch bodies and the runtime's word on when a response is out; unset: a new body per batch. */
+  readonly bodies?: BatchBodies;
   readonly now: () => number;
   /** Reports unexpected errors. */
   readonly log: (message: string, err?: unknown) => void;
@@ -77,6 +80,7 @@ export function createApp(deps: AppDeps): Hono {
     served: deps.served,
     adminToken: deps.adminToken,
     maxBatchBytes: deps.maxBatchBytes,
+    bodies: deps.bodies,
     now: deps.now,
     onBatch: (s, cache) => deps.metrics.observeBatch(s, cache),
     stats: deps.batchStats,

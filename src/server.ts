@@ -3,6 +3,7 @@
 import type { Hono } from "hono";
 import { createApp } from "./app.ts";
 import { BatchStats } from "./batch/batch-stats.ts";
+import { BatchBodyPool } from "./batch/body-pool.ts";
 import { DatasetCatalog } from "./batch/dataset-catalog.ts";
 import { ReadAhead } from "./batch/read-ahead.ts";
 import { PrefetchJobs } from "./prefetch/prefetch-jobs.ts";
@@ -17,6 +18,7 @@ import { FsOrigin } from "./origin/fs-origin.ts";
 import { S3Origin } from "./origin/s3-origin.ts";
 import { OriginGateway } from "./origin/origin-gateway.ts";
 import type { Origin } from "./origin/origin.ts";
+import type { WhenSent } from "./runtime/listener.ts";
 import type { MapFile } from "./shm/ring-file.ts";
 import { SHM_PROTOCOL_VERSION } from "./shm/protocol.ts";
 import { type PeerIdentity, ShmServer } from "./shm/shm-server.ts";
@@ -65,6 +67,12 @@ export interface ServerEnv {
   readonly mapFile?: MapFile;
   /** Reads shm peers' Unix credentials (SO_PEERCRED); without it every peer needs the read token. */
   readonly peers?: PeerIdentity;
+  /**
+   * Calls `sent` once every byte of the response to a request (named by the runtime's bindings,
+   * Hono's `c.env`) has been handed to the kernel, and never when the response was aborted;
+   * returns false when it cannot tell. HTTP batch bodies are reused only where this is given.
+   */
+  readonly whenSent?: WhenSent;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
   readonly makeOrigin?: (spec: Config["origins"][number]) => Origin;
 }
@@ -169,6 +177,8 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     log: (line) => env.log(line),
   });
   let shm: ShmServer | undefined;
+  // Reused HTTP batch bodies, where the runtime tells when a response has been written out.
+  const bodies = env.whenSent && config.batchPoolBytes > 0 ? new BatchBodyPool(config.batchPoolBytes) : undefined;
   const instance = crypto.randomUUID().slice(0, 8);
   const sources: MetricSources = {
     shm: () => shm?.stats(),
@@ -180,6 +190,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     disk: () => disk.stats(),
     origins: () => [...origins.values()].map((o) => o.stats()),
     served: () => served.stats(),
+    bodies: () => bodies?.stats(),
   };
   metrics = new Metrics(sources);
   const startedAt = env.now();
@@ -207,6 +218,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     readToken: config.readToken,
     adminToken: config.adminToken,
     maxBatchBytes: config.maxBatchBytes,
+    bodies: bodies && env.whenSent ? { pool: bodies, whenSent: env.whenSent } : undefined,
     now: env.now,
     log: env.log,
   });

@@ -313,6 +313,14 @@ export const TUNABLES = {
     parse: sizeIn(4096, 16 * 2 ** 30),
     doc: "Largest samples/batch response body; larger requests get 400",
   } as Tunable<number>,
+  batchPoolBytes: {
+    key: "batchPoolBytes",
+    flag: "--batch-pool-bytes",
+    env: "RACKFEED_BATCH_POOL_BYTES",
+    default: "64MiB",
+    parse: sizeIn(0, 16 * 2 ** 30),
+    doc: "HTTP batch bodies kept for reuse once sent (Node; 0 allocates a new body per batch, which costs fresh pages)",
+  } as Tunable<number>,
   maxIndexBytes: {
     key: "maxIndexBytes",
     flag: "--max-index-bytes",

@@ -47,6 +47,7 @@ export interface Config {
   readonly prefetchPriority: "background" | "normal";
   readonly readAheadMaxSteps: number;
   readonly maxBatchBytes: number;
+  readonly batchPoolBytes: number;
   readonly maxIndexBytes: number;
   readonly readToken: string | undefined;
   /** Absolute directory of the shm rings; undefined when the shm path is off. */

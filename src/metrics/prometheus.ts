@@ -8,6 +8,7 @@
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import { type BatchStats, SLOW_BATCH_CAUSES } from "../batch/batch-stats.ts";
 import type { ConsumerLookahead } from "../batch/read-ahead.ts";
+import type { BodyPoolStats } from "../batch/body-pool.ts";
 import type { BlockCacheStats } from "../cache/block-cache.ts";
 import type { DiskTierStats } from "../cache/disk-tier.ts";
 import type { MemoryTierStats } from "../cache/memory-tier.ts";
@@ -27,6 +28,8 @@ export interface MetricSources {
   readonly readAheadBlocks?: () => number;
   /** Per-dataset traffic and slow batches. */
   readonly batches?: () => BatchStats;
+  /** The pool of HTTP batch bodies (absent or undefined: a new body per batch). */
+  readonly bodies?: () => BodyPoolStats | undefined;
   /** Shared-memory rings and connections (absent or undefined: the shm path is off). */
   readonly shm?: () => { readonly rings: number; readonly ringBytes: number; readonly connections: number } | undefined;
 }
@@ -169,6 +172,14 @@ export class Metrics {
     gauge("rackfeed_shm_connections", "Connections on the shared-memory control socket", [], () => [[{}, shm().connections]]);
     counter("rackfeed_served_bytes_total", "Body bytes handed to each transport", ["transport"], () =>
       Object.entries(src.served()).map(([transport, v]) => [{ transport }, v] as Sample));
+    counter("rackfeed_batch_bodies_total", "HTTP batch bodies by where they came from: reused from the pool, or newly allocated", ["source"], () => {
+      const b = src.bodies?.();
+      return b ? [[{ source: "pool" }, b.reused], [{ source: "new" }, b.allocated]] : [];
+    });
+    gauge("rackfeed_batch_body_pool_bytes", "Bytes of sent HTTP batch bodies waiting in the pool for reuse", [], () => {
+      const b = src.bodies?.();
+      return b ? [[{}, b.bytes]] : [];
+    });
 
     const consumerLabels = ["dataset", "rank", "world", "micro_batch"];
     const consumerSamples = (pick: (c: ConsumerLookahead) => number) => () =>

@@ -11,6 +11,13 @@ export interface Listener {
   close(): Promise<void>;
 }
 
+/**
+ * Calls `sent` once every byte of the response to the request that `env` (the runtime's
+ * bindings, Hono's `c.env`) belongs to has been handed to the kernel, never for an aborted
+ * response; returns false, and never calls `sent`, when the runtime cannot tell.
+ */
+export type WhenSent = (env: unknown, sent: () => void) => boolean;
+
 /** Starts serving `fetch` on an address: HTTP/1.1 + h2c, or with `tls` HTTPS with ALPN h2/http1.1. */
 export type Listen = (
   fetch: FetchHandler,

@@ -2,7 +2,9 @@
 
 import type { Context, Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { assembleSamples, cacheState } from "../../batch/assemble-batch.ts";
+import { assembleSamples, cacheState, ITEM_SIZE } from "../../batch/assemble-batch.ts";
+import type { BatchBodyPool } from "../../batch/body-pool.ts";
+import type { WhenSent } from "../../runtime/listener.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../../batch/dataset-catalog.ts";
 import type { BatchStats } from "../../batch/batch-stats.ts";
 import { type ReadAhead, stepSamples } from "../../batch/read-ahead.ts";
@@ -27,6 +29,14 @@ export interface DatasetRoutesDeps {
   readonly stats: BatchStats;
   /** Wraps a body for the runtime (see `ServerEnv.wrapBody`). */
   readonly wrapBody: (bytes: Uint8Array) => BodyInit;
+  /** Reusable bodies; unset: a new body per batch. */
+  readonly bodies?: BatchBodies;
+}
+
+/** Batch bodies taken from a pool and given back once the runtime has written their response out. */
+export interface BatchBodies {
+  readonly pool: BatchBodyPool;
+  readonly whenSent: WhenSent;
 }
 
 /** Largest registration body accepted. */
@@ -125,12 +135,24 @@ async function batchResponse(
   request: () => string,
 ): Promise<Response> {
   const t0 = deps.now();
-  const batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, deps.now);
+  const bytes = count * reg.dataset.windowLength * ITEM_SIZE[reg.dataset.dtype];
+  // Too large a body is refused by the assembly; it is not taken from the pool.
+  const pooled = deps.bodies && bytes <= deps.maxBatchBytes ? deps.bodies.pool.take(bytes) : undefined;
+  let batch;
+  try {
+    batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, deps.now, pooled);
+  } catch (e) {
+    if (pooled) deps.bodies!.pool.give(pooled); // nothing else saw it
+    throw e;
+  }
   const state = cacheState(batch);
   const seconds = (deps.now() - t0) / 1000;
   deps.onBatch(seconds, state);
   deps.stats.record(reg.name, request, batch, seconds);
   deps.served.add(httpTransport(c.env), batch.body.length);
+  // Back to the pool only when every byte is out: the next batch of this size overwrites it. An
+  // aborted response, or a runtime that cannot tell, leaves the body to the garbage collector.
+  if (pooled) deps.bodies!.whenSent(c.env, () => deps.bodies!.pool.give(pooled));
   return c.body(deps.wrapBody(batch.body) as ReadableStream | Uint8Array<ArrayBuffer>, 200, {
     "content-type": "application/octet-stream",
     "x-rackfeed-dtype": batch.dtype,
