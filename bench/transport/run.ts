@@ -7,7 +7,8 @@
 // tokens) per transport. Rings live in a fresh directory under /dev/shm (tmpfs), as deployed.
 // Client: node:http (keep-alive) and node:http2, 4 requests in flight, bounded by time.
 //
-// Run: bash bench/transport/run.sh (installs wrk, h2load) or node --import tsx bench/transport/run.ts      Knobs: BENCH_SECONDS=3
+// Run: bash bench/transport/run.sh (installs wrk, h2load) or node --import tsx bench/transport/run.ts
+// Knobs: BENCH_SECONDS=3, BENCH_PASSES=8, BENCH_ARGS (extra serve flags for both servers)
 
 import * as http from "node:http";
 import * as http2 from "node:http2";
@@ -27,6 +28,8 @@ const PASSES = Number(process.env.BENCH_PASSES ?? 8);
 /** Micro-batches of the 1 MiB and 8 MiB rows, and how many distinct steps each cycles over. */
 const SIZES = [{ mb: 128, steps: 150 }, { mb: 1024, steps: 18 }] as const;
 const LAT_MB = 8;
+/** Extra `serve` flags for both servers, e.g. BENCH_ARGS="--batch-pool-bytes 0" for an A/B run. */
+const EXTRA_ARGS = (process.env.BENCH_ARGS ?? "").split(/\s+/).filter(Boolean);
 
 /** GB/s of wrk (HTTP/1.1, 4 connections) over the given paths. */
 function wrkGBs(url: string, paths: string[], dir: string): number {
@@ -171,7 +174,7 @@ try {
   ] as const) {
     const server = await startChild(cmd, [...pre, "serve", "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`,
       "--cache-dir", `${ws.dir}/c-${name}`, "--dataset", `d=${ws.dir}/d.json`, "--read-ahead-seconds", "0",
-      "--shm-dir", shmRoot]);
+      "--shm-dir", shmRoot, ...EXTRA_ARGS]);
     try {
       const batchPath = (mb: number, steps: number) => (i: number) => `/v1/datasets/d/batches/${i % steps}?rank=0&world=1&micro_batch=${mb}`;
       for (const [tname, make] of [["HTTP/1.1", h1Getter], ["HTTP/2 (h2c)", h2Getter]] as const) {
