@@ -67,11 +67,7 @@ export interface ServerEnv {
   readonly mapFile?: MapFile;
   /** Reads shm peers' Unix credentials (SO_PEERCRED); without it every peer needs the read token. */
   readonly peers?: PeerIdentity;
-  /**
-   * Calls `sent` once every byte of the response to a request (named by the runtime's bindings,
-   * Hono's `c.env`) has been handed to the kernel, and never when the response was aborted;
-   * returns false when it cannot tell. HTTP batch bodies are reused only where this is given.
-   */
+  /** See `WhenSent`: when a response's body is no longer read. HTTP batch bodies are reused only where this is given. */
   readonly whenSent?: WhenSent;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
   readonly makeOrigin?: (spec: Config["origins"][number]) => Origin;

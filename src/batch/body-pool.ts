@@ -3,7 +3,7 @@
  * fresh multi-MiB body per batch cost new pages (page faults and zeroing by the kernel) and
  * garbage that outlives its response, which is what made Node's HTTP/2 batches 0.6× of its
  * HTTP/1.1 (bench/RESULTS.md, transport "Session 7"). Bodies come back here only once the
- * runtime says every byte of their response has been handed to the kernel.
+ * runtime says their response is done with (`WhenSent`).
  */
 
 import { Buffer } from "node:buffer";

@@ -319,7 +319,7 @@ export const TUNABLES = {
     env: "RACKFEED_BATCH_POOL_BYTES",
     default: "64MiB",
     parse: sizeIn(0, 16 * 2 ** 30),
-    doc: "HTTP batch bodies kept for reuse once sent (Node; 0 allocates a new body per batch, which costs fresh pages)",
+    doc: "HTTP batch bodies kept for reuse once their response is out (0 allocates a new body per batch, which costs fresh pages)",
   } as Tunable<number>,
   maxIndexBytes: {
     key: "maxIndexBytes",

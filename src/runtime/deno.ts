@@ -31,11 +31,30 @@ export function listenDeno(
         onListen: ({ port }) => {
           resolve({ url: `${tls ? "https" : "http"}://${hostPort(addr.hostname, port)}`, close: () => server.shutdown() });
         },
-      }, (req) => fetch(req));
+      }, (req, info) => fetch(req, { completed: info.completed } satisfies DenoBindings));
     } catch (e) {
       reject(e);
     }
   });
+}
+
+/** What the Deno listener passes handlers as Hono's `c.env`. */
+export interface DenoBindings {
+  /** Deno.serve's `info.completed`: settles once the response is done with (written out, or the connection gone). */
+  readonly completed: Promise<void>;
+}
+
+/**
+ * `WhenSent` on Deno: `info.completed`. Deno copies a `Uint8Array` body before completing, and
+ * completes a stream body only once it has been read and written (both checked: a body
+ * overwritten at completion reached a stalled reader unchanged); a rejection (never seen) drops
+ * the body.
+ */
+export function whenSentDeno(env: unknown, sent: () => void): boolean {
+  const completed = (env as Partial<DenoBindings> | undefined)?.completed;
+  if (!completed) return false;
+  completed.then(sent, () => {});
+  return true;
 }
 
 /** The CLI host for Deno. */
@@ -62,6 +81,7 @@ export function denoHost(): CliHost {
     runtime: `deno ${Deno.version.deno}`,
     progressStream: Deno.stderr.isTerminal() ? nodeProcess.stderr : undefined,
     wrapBody: denoBody,
+    whenSent: whenSentDeno,
     pid: Deno.pid,
     isAlive,
     // Getters: libc is opened only by commands that serve shm.

@@ -12,9 +12,10 @@ export interface Listener {
 }
 
 /**
- * Calls `sent` once every byte of the response to the request that `env` (the runtime's
- * bindings, Hono's `c.env`) belongs to has been handed to the kernel, never for an aborted
- * response; returns false, and never calls `sent`, when the runtime cannot tell.
+ * Calls `sent` once nothing reads the body of the response to the request that `env` (the
+ * runtime's bindings, Hono's `c.env`) belongs to any more: every byte handed to the kernel, or
+ * the write cancelled with the connection; when in doubt it never calls `sent` (the body is then
+ * left to the garbage collector). Returns false, and never calls `sent`, when the runtime cannot tell.
  */
 export type WhenSent = (env: unknown, sent: () => void) => boolean;
 

@@ -6,6 +6,7 @@ import * as http2 from "node:http2";
 import { get } from "node:http";
 import { connect, createServer as netServer, type Server, type Socket } from "node:net";
 import { join } from "node:path";
+import type { Readable } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { expectSameBytes, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
@@ -220,7 +221,7 @@ describe("reused HTTP batch bodies", () => {
     try {
       const got = await Promise.all(jobs.map((j) => new Promise<Buffer>((resolve, reject) => {
         const chunks: Buffer[] = [];
-        const onStream = (s: NodeJS.ReadableStream & { on(e: string, f: (...a: never[]) => void): unknown }) => {
+        const onStream = (s: Readable) => {
           s.on("data", (d: Buffer) => {
             chunks.push(d);
             if (j.slow) {

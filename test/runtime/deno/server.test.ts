@@ -2,9 +2,18 @@
 // Run with `deno test -A test/runtime/deno/` (part of `npm test`).
 
 import assert from "node:assert/strict";
+import { Buffer } from "node:buffer";
 import { loadConfig } from "../../../src/config/load.ts";
-import { listenDeno, oneChunkStream } from "../../../src/runtime/deno.ts";
-import { createServer } from "../../../src/server.ts";
+import { denoBody, listenDeno, oneChunkStream, whenSentDeno } from "../../../src/runtime/deno.ts";
+import { createServer, type ServerEnv } from "../../../src/server.ts";
+
+async function waitUntil(cond: () => Promise<boolean>, what: string): Promise<void> {
+  const t0 = Date.now();
+  while (!(await cond())) {
+    if (Date.now() - t0 > 10_000) throw new Error(`Timed out waiting for ${what}`);
+    await new Promise((ok) => setTimeout(ok, 10));
+  }
+}
 
 function pattern(n: number): Uint8Array {
   const out = new Uint8Array(n);
@@ -15,6 +24,7 @@ function pattern(n: number): Uint8Array {
 async function withServer(
   args: string[],
   fn: (url: string, dir: string) => Promise<void>,
+  env: Partial<ServerEnv> = {},
 ): Promise<void> {
   const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-" });
   await Deno.mkdir(`${dir}/origin`);
@@ -25,7 +35,7 @@ async function withServer(
     readTextFile: (p) => Deno.readTextFileSync(p),
     cwd: dir,
   });
-  const server = await createServer(config, { now: () => performance.now(), log: () => {}, wrapBody: oneChunkStream });
+  const server = await createServer(config, { now: () => performance.now(), log: () => {}, wrapBody: oneChunkStream, ...env });
   const listener = await listenDeno(server.fetch, config.listen);
   try {
     await fn(listener.url, dir);
@@ -118,4 +128,116 @@ Deno.test("the client SDK reads objects and iterates batches on Deno", async () 
     assert.deepEqual(steps, [0, 1, 2, 3, 4]);
     await c.close();
   });
+});
+
+Deno.test("reuses HTTP batch bodies once Deno has completed their responses; concurrent slow and fast readers get exact bytes", async () => {
+  const { syntheticDataset } = await import("../../helpers/token-data.ts");
+  const { idx, bin } = syntheticDataset(300, 500, 6000, 9);
+  const ADMIN = "deno-admin-token";
+  const register = async (url: string, dir: string) => {
+    await Deno.writeFile(`${dir}/origin/p.idx`, idx);
+    await Deno.writeFile(`${dir}/origin/p.bin`, bin);
+    const put = await fetch(`${url}/v1/datasets/p`, {
+      method: "PUT",
+      headers: { authorization: `Bearer ${ADMIN}` },
+      body: JSON.stringify({ sources: [{ prefix: "data/p" }], seq_length: 4096, seed: 2, split: "100,0,0", split_index: 0, num_samples: 16_000 }),
+    });
+    assert.equal(put.status, 201);
+  };
+  const path = (step: number, mb: number) => `/v1/datasets/p/batches/${step}?rank=0&world=1&micro_batch=${mb}`;
+  // Both body kinds of denoBody: up to 256 KiB a one-chunk stream, above it a Uint8Array.
+  const jobs = Array.from({ length: 60 }, (_, i) => ({ step: (i * 5) % 11, mb: [8, 24, 300][i % 3], slow: i % 4 === 0 }));
+  const want = new Map<string, Uint8Array>();
+  const BIG = 2048; // ~16 MiB: more than the socket buffers hold for a reader that stops
+  await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "0"], async (url, dir) => {
+    await register(url, dir);
+    for (const j of [...jobs, { step: 1, mb: BIG }, { step: 2, mb: BIG }]) {
+      const k = `${j.step}/${j.mb}`;
+      if (want.has(k)) continue;
+      const res = await fetch(`${url}${path(j.step, j.mb)}`);
+      assert.equal(res.status, 200, `reference ${k}`);
+      want.set(k, new Uint8Array(await res.arrayBuffer()));
+    }
+  });
+  // A stalled reader of a stream body (zero-copy, so Deno reads the pool's memory while it writes):
+  // the body must stay out of the pool until the reader is done, or the next batch of that size
+  // would be assembled into bytes the reader has not received yet.
+  await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
+    await register(url, dir);
+    const poolBytes = async () => Number(/rackfeed_batch_body_pool_bytes (\d+)/.exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+    const { port } = new URL(url);
+    const conn = await Deno.connect({ hostname: "127.0.0.1", port: Number(port) });
+    let read = false;
+    try {
+      await conn.write(new TextEncoder().encode(`GET ${path(1, BIG)} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`));
+      await new Promise((ok) => setTimeout(ok, 400));
+      assert.equal(await poolBytes(), 0, "the stalled response's body is in the pool");
+      const res2 = await fetch(`${url}${path(2, BIG)}`);
+      assert.equal(res2.status, 200);
+      const other = new Uint8Array(await res2.arrayBuffer());
+      assert.ok(Buffer.compare(other, want.get(`2/${BIG}`)!) === 0, "the second big batch differs from the reference");
+      const raw = new Uint8Array(await new Response(conn.readable).arrayBuffer()); // closes conn
+      let head = 0;
+      while (!(raw[head] === 13 && raw[head + 1] === 10 && raw[head + 2] === 13 && raw[head + 3] === 10)) head++;
+      const text = new TextDecoder().decode(raw.subarray(0, head));
+      assert.match(text, /^HTTP\/1\.1 200/);
+      const body: Uint8Array[] = [];
+      if (/transfer-encoding: chunked/i.test(text)) {
+        let at = head + 4;
+        for (;;) {
+          let eol = at;
+          while (raw[eol] !== 13) eol++;
+          const n = parseInt(new TextDecoder().decode(raw.subarray(at, eol)), 16);
+          if (n === 0) break;
+          body.push(raw.subarray(eol + 2, eol + 2 + n));
+          at = eol + 2 + n + 2;
+        }
+      } else body.push(raw.subarray(head + 4));
+      assert.ok(Buffer.compare(Buffer.concat(body), want.get(`1/${BIG}`)!) === 0, "the stalled reader's batch was overwritten");
+      read = true;
+    } finally {
+      // A failed check must not leave the stalled connection holding the server's shutdown.
+      if (!read) {
+        try {
+          conn.close();
+        } catch {
+          // already closed by reading it to the end
+        }
+      }
+    }
+    await waitUntil(async () => (await poolBytes()) > 0, "the body back in the pool once read");
+  }, { whenSent: whenSentDeno }); // bodies of every size as one-chunk streams
+  await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
+    await register(url, dir);
+    const read = async (j: (typeof jobs)[number]) => {
+      const res = await fetch(`${url}${path(j.step, j.mb)}`);
+      assert.equal(res.status, 200);
+      const reader = res.body!.getReader();
+      const parts: Uint8Array[] = [];
+      for (;;) {
+        const r = await reader.read();
+        if (r.done) break;
+        parts.push(r.value);
+        if (j.slow) await new Promise((ok) => setTimeout(ok, 2));
+      }
+      const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+      let at = 0;
+      for (const p of parts) {
+        out.set(p, at);
+        at += p.length;
+      }
+      return out;
+    };
+    for (let round = 0; round < 2; round++) {
+      const got = await Promise.all(jobs.map(read));
+      for (const [i, j] of jobs.entries()) {
+        const w = want.get(`${j.step}/${j.mb}`)!;
+        assert.equal(got[i].length, w.length, `job ${i} length`);
+        assert.ok(got[i].every((b, k) => b === w[k]), `round ${round} job ${i} (step ${j.step} × ${j.mb}${j.slow ? ", slow" : ""}) differs from the reference`);
+      }
+    }
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    const reused = Number(/rackfeed_batch_bodies_total\{source="pool"\} (\d+)/.exec(metrics)?.[1] ?? 0);
+    assert.ok(reused > 30, `bodies reused: ${reused}`);
+  }, { whenSent: whenSentDeno, wrapBody: denoBody });
 });
