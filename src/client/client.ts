@@ -8,6 +8,7 @@
  */
 
 import { backoffDelay } from "../origin/retry.ts";
+import { MAX_REPORT_STEPS } from "../metrics/telemetry-report.ts";
 import { MAX_RING_SLOTS } from "../shm/protocol.ts";
 import { type LocalTransport, ShmError, shmBatches, shmInstance, type SlotBatch } from "./shm-consumer.ts";
 
@@ -328,11 +329,14 @@ export class RackfeedClient {
       if (p.steps.size === 0) continue;
       const steps = [...p.steps.values()].map((s) => (Number.isNaN(s.t_wait) ? { ...s, t_wait: undefined } : s));
       p.steps.clear();
-      await this.#request("/v1/telemetry", {
-        method: "POST",
-        headers: { ...this.#headers, "content-type": "application/json" },
-        body: JSON.stringify({ ...p.body, steps }),
-      });
+      // The server takes at most MAX_REPORT_STEPS per report (a large reportEvery queues more).
+      for (let i = 0; i < steps.length; i += MAX_REPORT_STEPS) {
+        await this.#request("/v1/telemetry", {
+          method: "POST",
+          headers: { ...this.#headers, "content-type": "application/json" },
+          body: JSON.stringify({ ...p.body, steps: steps.slice(i, i + MAX_REPORT_STEPS) }),
+        });
+      }
     }
   }
 

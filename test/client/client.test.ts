@@ -62,6 +62,15 @@ describe("RackfeedClient", () => {
     expect(await rf.metric("rackfeed_steps_total", { dataset: "d", healthy: "false" })).toBeGreaterThanOrEqual(3);
   });
 
+  it("splits a queue of more steps than one report may carry (25 000 with a large reportEvery) into several reports", async () => {
+    const c = new RackfeedClient({ url: rf.url, reportEvery: 1_000_000 });
+    const consumer = { dataset: "d", rank: 0, world: 1, microBatch: 3 };
+    const before = await rf.metric("rackfeed_t_h2d_seconds_count", { dataset: "d" });
+    for (let step = 0; step < 25_000; step++) c.reportStep(step, { t_h2d: 0.002 }, consumer);
+    await c.close();
+    expect(await rf.metric("rackfeed_t_h2d_seconds_count", { dataset: "d" })).toBe(before + 25_000);
+  });
+
   it("does not retry a 4xx and raises the server's message", async () => {
     const c = new RackfeedClient({ url: rf.url });
     const err = await c.batch("nope", 0, { rank: 0, world: 1, microBatch: 1 }).catch((e) => e);

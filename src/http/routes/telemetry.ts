@@ -4,10 +4,9 @@ import type { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { badRequest } from "../../errors.ts";
 import type { Metrics } from "../../metrics/prometheus.ts";
+import { MAX_REPORT_STEPS } from "../../metrics/telemetry-report.ts";
 import { routeDoc } from "../route-docs.ts";
 
-/** Most steps in one report. */
-export const MAX_REPORT_STEPS = 10_000;
 
 /**
  * Registers the telemetry route (behind the read token, like every `/v1` route).
