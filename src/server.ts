@@ -18,7 +18,7 @@ import { FsOrigin } from "./origin/fs-origin.ts";
 import { S3Origin } from "./origin/s3-origin.ts";
 import { OriginGateway } from "./origin/origin-gateway.ts";
 import type { Origin } from "./origin/origin.ts";
-import type { WhenSent } from "./runtime/listener.ts";
+import type { WhenDone } from "./runtime/listener.ts";
 import type { MapFile } from "./shm/ring-file.ts";
 import { SHM_PROTOCOL_VERSION } from "./shm/protocol.ts";
 import { type PeerIdentity, ShmServer } from "./shm/shm-server.ts";
@@ -47,6 +47,12 @@ export interface RackfeedServer {
   close(graceMs?: number): Promise<void>;
 }
 
+/**
+ * How long an HTTP batch may wait for room under `--batch-inflight-bytes` before it is refused
+ * with 503 (a reader that stalls holds its body's bytes until its response ends).
+ */
+const BATCH_WAIT_MS = 30_000;
+
 /** Things `createServer` takes from its surroundings rather than from globals. */
 export interface ServerEnv {
   /** Monotonic clock in ms. */
@@ -67,8 +73,8 @@ export interface ServerEnv {
   readonly mapFile?: MapFile;
   /** Reads shm peers' Unix credentials (SO_PEERCRED); without it every peer needs the read token. */
   readonly peers?: PeerIdentity;
-  /** See `WhenSent`: when a response's body is no longer read. HTTP batch bodies are reused only where this is given. */
-  readonly whenSent?: WhenSent;
+  /** See `WhenDone`: when a response is over. HTTP batch bodies are reused, and bounded in flight, only where this is given. */
+  readonly whenDone?: WhenDone;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
   readonly makeOrigin?: (spec: Config["origins"][number]) => Origin;
 }
@@ -173,8 +179,10 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     log: (line) => env.log(line),
   });
   let shm: ShmServer | undefined;
-  // Reused HTTP batch bodies, where the runtime tells when a response has been written out.
-  const bodies = env.whenSent && config.batchPoolBytes > 0 ? new BatchBodyPool(config.batchPoolBytes) : undefined;
+  // HTTP batch bodies, reused and bounded in flight, where the runtime tells when a response is over.
+  const bodies = env.whenDone
+    ? new BatchBodyPool({ poolBytes: config.batchPoolBytes, inflightBytes: config.batchInflightBytes, maxWaiting: 1024, waitMs: BATCH_WAIT_MS })
+    : undefined;
   const instance = crypto.randomUUID().slice(0, 8);
   const sources: MetricSources = {
     shm: () => shm?.stats(),
@@ -214,7 +222,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     readToken: config.readToken,
     adminToken: config.adminToken,
     maxBatchBytes: config.maxBatchBytes,
-    bodies: bodies && env.whenSent ? { pool: bodies, whenSent: env.whenSent } : undefined,
+    bodies: bodies && env.whenDone ? { pool: bodies, whenDone: env.whenDone } : undefined,
     now: env.now,
     log: env.log,
   });

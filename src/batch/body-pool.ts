@@ -1,12 +1,14 @@
 /**
- * @module Reusable HTTP batch bodies. A trainer asks for batches of one size over and over; a
- * fresh multi-MiB body per batch cost new pages (page faults and zeroing by the kernel) and
- * garbage that outlives its response, which is what made Node's HTTP/2 batches 0.6× of its
- * HTTP/1.1 (bench/RESULTS.md, transport "Session 7"). Bodies come back here only once the
- * runtime says their response is done with (`WhenSent`).
+ * @module HTTP batch bodies: reused, and bounded while in flight. A trainer asks for batches of
+ * one size over and over; a fresh multi-MiB body per batch cost new pages (page faults and
+ * zeroing by the kernel) and garbage that outlives its response, which is what made Node's
+ * HTTP/2 batches 0.6× of its HTTP/1.1 (bench/RESULTS.md, transport "Session 7"). And a body
+ * lives until its reader has taken it: without a bound, clients that ask for large batches and
+ * read slowly (or never) would make the server hold any number of them.
  */
 
 import { Buffer } from "node:buffer";
+import { OverloadedError } from "../errors.ts";
 
 /** What a pool has done since it was made. */
 export interface BodyPoolStats {
@@ -20,50 +22,171 @@ export interface BodyPoolStats {
   readonly bytes: number;
   /** The pool's budget. */
   readonly maxBytes: number;
+  /** Bytes of the bodies leased now (assembled or being sent). */
+  readonly inflightBytes: number;
+  /** Leases waiting for in-flight bytes now. */
+  readonly waiting: number;
+  /** Leases refused: the wait queue was full, or the wait timed out. */
+  readonly refused: number;
+}
+
+/** Bounds of a `BatchBodyPool`. */
+export interface BodyPoolOptions {
+  /** Bytes the free bodies may hold at most (0 keeps none). */
+  readonly poolBytes: number;
+  /** Bytes of leased bodies at most; a lease beyond it waits. At least the largest body. */
+  readonly inflightBytes: number;
+  /** Leases that may wait at once; more are refused. */
+  readonly maxWaiting: number;
+  /** How long a lease may wait, in ms; then it is refused. */
+  readonly waitMs: number;
+  /** Timer (tests inject one). */
+  readonly setTimer?: (fn: () => void, ms: number) => { clear(): void };
+}
+
+/** A body leased for one response; `end` must be called exactly once. */
+export interface BodyLease {
+  /** Exactly the bytes asked for, not zeroed. */
+  readonly body: Uint8Array;
+  /**
+   * Ends the lease: its bytes no longer count as in flight. With `reusable`, the body goes back
+   * to the pool, so pass true only once nothing reads it any more; else it is left to the
+   * garbage collector.
+   */
+  end(reusable: boolean): void;
+}
+
+interface Waiter {
+  readonly bytes: number;
+  readonly resolve: () => void;
+  readonly reject: (e: unknown) => void;
+  timer?: { clear(): void };
 }
 
 /**
- * Batch bodies by exact byte length, kept within a byte budget. The sizes used most recently are
- * kept: when a body given back does not fit, bodies of the size least recently asked for go first.
- *
- * A body must be given back only when nothing reads it any more (the runtime has written it out):
- * the next `take` of its size overwrites it.
+ * Batch bodies by exact byte length, kept within a byte budget, and leased within a bound on the
+ * bytes in flight. Free bodies of the sizes used most recently are kept: when a body given back
+ * does not fit, bodies of the size least recently asked for go first. Leases beyond the
+ * in-flight bound wait in order of arrival, a bounded number of them for a bounded time.
  *
  * @example
  * ```ts
- * const pool = new BatchBodyPool(64 * 2 ** 20);
- * const body = pool.take(1 << 20); // every byte is written by the caller
+ * const pool = new BatchBodyPool({ poolBytes: 64 << 20, inflightBytes: 1 << 30, maxWaiting: 1024, waitMs: 30_000 });
+ * const lease = await pool.lease(1 << 20); // every byte of lease.body is written by the caller
  * // ... once the response carrying it was sent:
- * pool.give(body);
+ * lease.end(true);
  * ```
  */
 export class BatchBodyPool {
-  readonly #maxBytes: number;
+  readonly #o: BodyPoolOptions;
   /** Free bodies by length; Map order is recency of use (oldest first). */
   readonly #free = new Map<number, Uint8Array[]>();
+  readonly #waiters: Waiter[] = [];
   #bytes = 0;
+  #inflight = 0;
   #reused = 0;
   #allocated = 0;
   #dropped = 0;
+  #refused = 0;
 
   /**
-   * @param maxBytes bytes the free bodies may hold at most (0 keeps none)
-   * @throws {RangeError} when `maxBytes` is not a non-negative safe integer
+   * @param opts the bounds
+   * @throws {RangeError} when a bound is not a non-negative integer, or the in-flight bound is 0
    */
-  constructor(maxBytes: number) {
-    if (!Number.isSafeInteger(maxBytes) || maxBytes < 0) {
-      throw new RangeError(`Invalid batch body pool size: expected a non-negative integer of bytes, received ${maxBytes}`);
+  constructor(opts: BodyPoolOptions) {
+    for (const [name, v] of [["poolBytes", opts.poolBytes], ["inflightBytes", opts.inflightBytes], ["maxWaiting", opts.maxWaiting], ["waitMs", opts.waitMs]] as const) {
+      if (!Number.isSafeInteger(v) || v < 0) throw new RangeError(`Invalid batch body pool ${name}: expected a non-negative integer, received ${v}`);
     }
-    this.#maxBytes = maxBytes;
+    if (opts.inflightBytes === 0) throw new RangeError("Invalid batch body pool inflightBytes: expected at least 1 byte, received 0");
+    this.#o = opts;
   }
 
   /**
-   * A body of exactly `bytes` bytes, not zeroed: reused when one is free, else new.
+   * Leases a body of exactly `bytes` bytes, waiting while the bytes in flight would exceed the
+   * bound.
    *
-   * @param bytes its length
-   * @returns the body; its content is whatever was there before
+   * @param bytes its length, at most the in-flight bound
+   * @returns the lease; end it once its response is over
+   * @throws {OverloadedError} when too many leases wait already, or the wait timed out (503, retry)
+   * @throws {RangeError} when `bytes` exceeds the in-flight bound (a configuration error)
    */
-  take(bytes: number): Uint8Array {
+  async lease(bytes: number): Promise<BodyLease> {
+    if (bytes > this.#o.inflightBytes) {
+      throw new RangeError(`A batch body of ${bytes} bytes exceeds the in-flight bound of ${this.#o.inflightBytes} bytes`);
+    }
+    // In order of arrival: a lease does not pass others that wait, or large ones would starve.
+    if (this.#waiters.length > 0 || this.#inflight + bytes > this.#o.inflightBytes) await this.#wait(bytes); // counts them when it wakes
+    else this.#inflight += bytes;
+    const body = this.#take(bytes);
+    let ended = false;
+    return {
+      body,
+      end: (reusable) => {
+        if (ended) return;
+        ended = true;
+        this.#inflight -= bytes;
+        if (reusable) this.#give(body);
+        this.#wakeWaiters();
+      },
+    };
+  }
+
+  /** A snapshot of the counters. */
+  stats(): BodyPoolStats {
+    return {
+      reused: this.#reused,
+      allocated: this.#allocated,
+      dropped: this.#dropped,
+      bytes: this.#bytes,
+      maxBytes: this.#o.poolBytes,
+      inflightBytes: this.#inflight,
+      waiting: this.#waiters.length,
+      refused: this.#refused,
+    };
+  }
+
+  #wait(bytes: number): Promise<void> {
+    if (this.#waiters.length >= this.#o.maxWaiting) {
+      this.#refused++;
+      return Promise.reject(this.#overloaded(`${this.#waiters.length} batches already wait for it`));
+    }
+    return new Promise<void>((resolve, reject) => {
+      const w: Waiter = { bytes, resolve, reject };
+      const setTimer = this.#o.setTimer ?? ((fn, ms) => {
+        const t = setTimeout(fn, ms);
+        return { clear: () => clearTimeout(t) };
+      });
+      w.timer = setTimer(() => {
+        const i = this.#waiters.indexOf(w);
+        if (i < 0) return;
+        this.#waiters.splice(i, 1);
+        this.#refused++;
+        reject(this.#overloaded(`waited ${this.#o.waitMs} ms`));
+        this.#wakeWaiters(); // the head may have changed
+      }, this.#o.waitMs);
+      this.#waiters.push(w);
+    });
+  }
+
+  #overloaded(why: string): OverloadedError {
+    return new OverloadedError(
+      `Batch bodies in flight are at their bound (--batch-inflight-bytes ${this.#o.inflightBytes}: ${this.#inflight} bytes being sent to readers) and ${why}; retry`,
+    );
+  }
+
+  #wakeWaiters(): void {
+    while (this.#waiters.length > 0) {
+      const w = this.#waiters[0];
+      if (this.#inflight + w.bytes > this.#o.inflightBytes) return;
+      this.#waiters.shift();
+      w.timer?.clear();
+      // Counted here, not when its lease() resumes (a microtask later): the next waiter must see them taken.
+      this.#inflight += w.bytes;
+      w.resolve();
+    }
+  }
+
+  #take(bytes: number): Uint8Array {
     const list = this.#free.get(bytes);
     const body = list?.pop();
     if (body) {
@@ -76,28 +199,23 @@ export class BatchBodyPool {
     return Buffer.allocUnsafeSlow(bytes);
   }
 
-  /**
-   * Gives a body back for reuse. Only once nothing reads it any more.
-   *
-   * @param body a body from `take` (any Uint8Array of its own buffer works)
-   */
-  give(body: Uint8Array): void {
+  #give(body: Uint8Array): void {
     const n = body.length;
-    if (n === 0 || n > this.#maxBytes || body.byteOffset !== 0 || body.buffer.byteLength !== n) {
+    if (n === 0 || n > this.#o.poolBytes || body.byteOffset !== 0 || body.buffer.byteLength !== n) {
       this.#dropped++;
       return;
     }
     // Make room: bodies of the sizes least recently used go first.
     for (const [size, list] of this.#free) {
-      if (this.#bytes + n <= this.#maxBytes) break;
-      while (list.length > 0 && this.#bytes + n > this.#maxBytes) {
+      if (this.#bytes + n <= this.#o.poolBytes) break;
+      while (list.length > 0 && this.#bytes + n > this.#o.poolBytes) {
         list.pop();
         this.#bytes -= size;
         this.#dropped++;
       }
       if (list.length === 0) this.#free.delete(size);
     }
-    if (this.#bytes + n > this.#maxBytes) {
+    if (this.#bytes + n > this.#o.poolBytes) {
       this.#dropped++;
       return;
     }
@@ -105,11 +223,6 @@ export class BatchBodyPool {
     list.push(body);
     this.#bytes += n;
     this.#touch(n, list);
-  }
-
-  /** A snapshot of the counters. */
-  stats(): BodyPoolStats {
-    return { reused: this.#reused, allocated: this.#allocated, dropped: this.#dropped, bytes: this.#bytes, maxBytes: this.#maxBytes };
   }
 
   /** Marks a size as the most recently used (re-inserted at the end of the Map's order). */

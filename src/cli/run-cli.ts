@@ -4,7 +4,7 @@ import { ConfigError, loadConfig } from "../config/load.ts";
 import { ADMIN_USAGE, prefetchCommand, statsCommand } from "./admin-commands.ts";
 import { TUNABLES } from "../config/defaults.ts";
 import { DEMO_TOKEN_DATASET, ensureDemoDataset } from "../demo/demo-dataset.ts";
-import type { Listen, WhenSent } from "../runtime/listener.ts";
+import type { Listen, WhenDone } from "../runtime/listener.ts";
 import { createServer, DatasetStartupError, type ServerEnv } from "../server.ts";
 
 /** What the CLI needs from the runtime it runs on (built in `runtime/deno.ts` or `runtime/node.ts`). */
@@ -23,8 +23,8 @@ export interface CliHost {
   readonly runtime: string;
   /** See `ServerEnv.wrapBody`: how this runtime sends one view of cached bytes without a copy. */
   readonly wrapBody?: (bytes: Uint8Array) => BodyInit;
-  /** See `ServerEnv.whenSent`: when a response has been written out (HTTP batch bodies are reused then). */
-  readonly whenSent?: WhenSent;
+  /** See `ServerEnv.whenDone`: when a response is over (HTTP batch bodies are reused and bounded by it). */
+  readonly whenDone?: WhenDone;
   /** This process's id, and whether another one runs (shm rings of dead servers are removed). */
   readonly pid?: number;
   readonly isAlive?: (pid: number) => boolean;
@@ -104,7 +104,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       now: host.now,
       log,
       wrapBody: host.wrapBody,
-      whenSent: host.whenSent,
+      whenDone: host.whenDone,
       pid: host.pid,
       isAlive: host.isAlive,
       mapFile: host.mapFile,

@@ -313,6 +313,14 @@ export const TUNABLES = {
     parse: sizeIn(4096, 16 * 2 ** 30),
     doc: "Largest samples/batch response body; larger requests get 400",
   } as Tunable<number>,
+  batchInflightBytes: {
+    key: "batchInflightBytes",
+    flag: "--batch-inflight-bytes",
+    env: "RACKFEED_BATCH_INFLIGHT_BYTES",
+    default: "1GiB",
+    parse: sizeIn(4096, TiB),
+    doc: "HTTP batch bodies assembled and not yet sent, all requests together; more wait (up to 30 s, then 503). At least --max-batch-bytes",
+  } as Tunable<number>,
   batchPoolBytes: {
     key: "batchPoolBytes",
     flag: "--batch-pool-bytes",

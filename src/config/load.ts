@@ -48,6 +48,7 @@ export interface Config {
   readonly readAheadMaxSteps: number;
   readonly maxBatchBytes: number;
   readonly batchPoolBytes: number;
+  readonly batchInflightBytes: number;
   readonly maxIndexBytes: number;
   readonly readToken: string | undefined;
   /** Absolute directory of the shm rings; undefined when the shm path is off. */
@@ -225,6 +226,15 @@ export function loadConfig(src: ConfigSources): Config {
   if ((values.originConcurrencyMax as number) < (values.originConcurrency as number)) {
     throw new ConfigError(
       `Invalid --origin-concurrency-max: ${values.originConcurrencyMax} is below --origin-concurrency ${values.originConcurrency}; the limit grows from the one to the other`,
+    );
+  }
+  // A default in-flight bound never refuses a batch that --max-batch-bytes allows.
+  if (fromDefault.has("batchInflightBytes")) {
+    values.batchInflightBytes = Math.max(values.batchInflightBytes as number, values.maxBatchBytes as number);
+  }
+  if ((values.batchInflightBytes as number) < (values.maxBatchBytes as number)) {
+    throw new ConfigError(
+      `Invalid --batch-inflight-bytes: ${values.batchInflightBytes} is below --max-batch-bytes ${values.maxBatchBytes}; the largest batch could never be sent`,
     );
   }
   if ((values.blockBytes as number) > (values.memoryBytes as number)) {

@@ -180,6 +180,18 @@ export class Metrics {
       const b = src.bodies?.();
       return b ? [[{}, b.bytes]] : [];
     });
+    gauge("rackfeed_batch_inflight_bytes", "Bytes of HTTP batch bodies assembled and not yet sent (bounded by --batch-inflight-bytes)", [], () => {
+      const b = src.bodies?.();
+      return b ? [[{}, b.inflightBytes]] : [];
+    });
+    gauge("rackfeed_batch_waiting", "HTTP batches waiting for room under --batch-inflight-bytes", [], () => {
+      const b = src.bodies?.();
+      return b ? [[{}, b.waiting]] : [];
+    });
+    counter("rackfeed_batch_refused_total", "HTTP batches refused with 503: too many waited for room, or one waited too long", [], () => {
+      const b = src.bodies?.();
+      return b ? [[{}, b.refused]] : [];
+    });
 
     const consumerLabels = ["dataset", "rank", "world", "micro_batch"];
     const consumerSamples = (pick: (c: ConsumerLookahead) => number) => () =>

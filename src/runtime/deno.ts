@@ -45,15 +45,15 @@ export interface DenoBindings {
 }
 
 /**
- * `WhenSent` on Deno: `info.completed`. Deno copies a `Uint8Array` body before completing, and
+ * `WhenDone` on Deno: `info.completed`. Deno copies a `Uint8Array` body before completing, and
  * completes a stream body only once it has been read and written (both checked: a body
- * overwritten at completion reached a stalled reader unchanged); a rejection (never seen) drops
- * the body.
+ * overwritten at completion reached a stalled reader unchanged), and also when the connection
+ * is gone; a rejection ends it as not reusable.
  */
-export function whenSentDeno(env: unknown, sent: () => void): boolean {
+export function whenDoneDeno(env: unknown, done: (reusable: boolean) => void): boolean {
   const completed = (env as Partial<DenoBindings> | undefined)?.completed;
   if (!completed) return false;
-  completed.then(sent, () => {});
+  completed.then(() => done(true), () => done(false));
   return true;
 }
 
@@ -81,7 +81,7 @@ export function denoHost(): CliHost {
     runtime: `deno ${Deno.version.deno}`,
     progressStream: Deno.stderr.isTerminal() ? nodeProcess.stderr : undefined,
     wrapBody: denoBody,
-    whenSent: whenSentDeno,
+    whenDone: whenDoneDeno,
     pid: Deno.pid,
     isAlive,
     // Getters: libc is opened only by commands that serve shm.

@@ -12,12 +12,13 @@ export interface Listener {
 }
 
 /**
- * Calls `sent` once nothing reads the body of the response to the request that `env` (the
- * runtime's bindings, Hono's `c.env`) belongs to any more: every byte handed to the kernel, or
- * the write cancelled with the connection; when in doubt it never calls `sent` (the body is then
- * left to the garbage collector). Returns false, and never calls `sent`, when the runtime cannot tell.
+ * Calls `done` once, when the response to the request that `env` (the runtime's bindings, Hono's
+ * `c.env`) belongs to is over: `done(true)` when nothing reads its body any more (every byte
+ * handed to the kernel, or the write cancelled with the connection), `done(false)` when it ended
+ * otherwise and the runtime may still hold the body (an aborted HTTP/2 stream). Returns false,
+ * and never calls `done`, when the runtime cannot tell.
  */
-export type WhenSent = (env: unknown, sent: () => void) => boolean;
+export type WhenDone = (env: unknown, done: (reusable: boolean) => void) => boolean;
 
 /** Starts serving `fetch` on an address: HTTP/1.1 + h2c, or with `tls` HTTPS with ALPN h2/http1.1. */
 export type Listen = (

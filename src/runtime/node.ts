@@ -95,25 +95,32 @@ export function listenNode(
 }
 
 /**
- * `WhenSent` on Node, from @hono/node-server's bindings (`env.outgoing`). HTTP/1.1: the
- * response's `finish`, emitted after the socket's callback for its last write, i.e. once the
- * kernel has every byte, or once the socket is gone (libuv has cancelled its writes by the
- * time their callbacks run, so nothing reads the body then either). HTTP/2: the stream's own
- * `finish`, not the compatibility response's (that one fires on stream close, which can come
+ * `WhenDone` on Node, from @hono/node-server's bindings (`env.outgoing`). HTTP/1.1: reusable at
+ * the response's `finish`, emitted after the socket's callback for its last write, i.e. once the
+ * kernel has every byte, or once the socket is gone (libuv has cancelled its writes by the time
+ * their callbacks run, so nothing reads the body then either). HTTP/2: reusable at the stream's
+ * own `finish`, not the compatibility response's (that one fires on stream close, which can come
  * before the session's socket write that still points at the body completes); a stream's write
- * callbacks run only once that write is done, and a reset stream never finishes.
+ * callbacks run only once that write is done, and a reset stream never finishes. `close`
+ * without `finish` ends it as not reusable.
  */
-export function whenSentNode(env: unknown, sent: () => void): boolean {
+export function whenDoneNode(env: unknown, done: (reusable: boolean) => void): boolean {
   const out = (env as { outgoing?: unknown } | undefined)?.outgoing;
-  if (out instanceof http2.Http2ServerResponse) {
-    out.stream.once("finish", sent);
-    return true;
-  }
-  if (out instanceof http.ServerResponse) {
-    out.once("finish", sent);
-    return true;
-  }
-  return false;
+  const target = out instanceof http2.Http2ServerResponse ? out.stream : out instanceof http.ServerResponse ? out : undefined;
+  if (!target) return false;
+  let over = false;
+  const end = (reusable: boolean) => {
+    if (over) return;
+    over = true;
+    target.off("finish", finished);
+    target.off("close", closed);
+    done(reusable);
+  };
+  const finished = () => end(true);
+  const closed = () => end(false);
+  target.once("finish", finished);
+  target.once("close", closed);
+  return true;
 }
 
 const H2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
@@ -126,7 +133,7 @@ export function nodeHost(): CliHost {
     cwd: process.cwd(),
     readTextFile: (p) => readFileSync(p, "utf8"),
     listen: listenNode,
-    whenSent: whenSentNode,
+    whenDone: whenDoneNode,
     now: () => performance.now(),
     print: (line) => process.stdout.write(`${line}\n`),
     printError: (line) => process.stderr.write(`${line}\n`),

@@ -126,3 +126,15 @@ describe("loadConfig origin concurrency", () => {
     );
   });
 });
+
+describe("loadConfig batch bodies", () => {
+  it("bounds batch bodies in flight at 1 GiB by default, follows a larger --max-batch-bytes, and refuses an explicit bound below it", () => {
+    expect(load([])).toMatchObject({ batchInflightBytes: 2 ** 30, batchPoolBytes: 64 * 2 ** 20, maxBatchBytes: 256 * 2 ** 20 });
+    expect(load(["--max-batch-bytes", "2GiB"]).batchInflightBytes).toBe(2 * 2 ** 30);
+    expect(load(["--batch-inflight-bytes", "256MiB"]).batchInflightBytes).toBe(256 * 2 ** 20);
+    expect(() => load(["--batch-inflight-bytes", "128MiB"])).toThrow(
+      /--batch-inflight-bytes: 134217728 is below --max-batch-bytes 268435456/,
+    );
+    expect(load(["--batch-pool-bytes", "0"]).batchPoolBytes).toBe(0);
+  });
+});

@@ -6,7 +6,7 @@ import { connect, createServer as netServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { loadConfig } from "../../src/config/load.ts";
-import { listenNode, whenSentNode } from "../../src/runtime/node.ts";
+import { listenNode, whenDoneNode } from "../../src/runtime/node.ts";
 import type { Listener } from "../../src/runtime/listener.ts";
 import { createServer, type RackfeedServer, type ServerEnv } from "../../src/server.ts";
 
@@ -67,8 +67,8 @@ export async function startServer(
   const server = await createServer(config, {
     now: () => performance.now(),
     log: () => {},
-    // As `rackfeed serve` on Node: HTTP batch bodies are reused once sent.
-    whenSent: whenSentNode,
+    // As `rackfeed serve` on Node: HTTP batch bodies are reused, and bounded in flight.
+    whenDone: whenDoneNode,
     ...env,
   });
   const listener: Listener = await listenNode(server.fetch, config.listen, config.tls);

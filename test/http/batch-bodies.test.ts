@@ -205,6 +205,43 @@ describe("reused HTTP batch bodies", () => {
       }
       const got = new Uint8Array(await (await fetch(`${rf.url}${batchPath(5, BIG)}`)).arrayBuffer());
       expectSameBytes(got, await reference(5, BIG), `batch after an abandoned one (${proto})`);
+      // Whatever became of the body, its bytes no longer count as in flight.
+      await waitFor(async () => (await rf.metric("rackfeed_batch_inflight_bytes")) === 0, `no bytes in flight after the abandoned ${proto} batch`);
+    }
+  });
+
+  it("holds a batch back while the bodies in flight are at --batch-inflight-bytes, and serves it once one is read", async () => {
+    // Room for two ~16 MiB bodies, not three.
+    const reg = await datasetFlags(ws, "pile", { sources: [{ prefix: "data/tok/pile" }], seq_length: 4096, seed: 3, split: "100,0,0", split_index: 0, num_samples: 16 * BIG });
+    const bounded = await startServer(ws, [...reg, "--cache-dir", join(ws.dir, "c-bound"), "--max-batch-bytes", "17MiB", "--batch-inflight-bytes", "34MiB"]);
+    const relay = await holdingRelay(bounded.url);
+    try {
+      relay.hold(true);
+      const held = [6, 7].map((step) => new Promise<Buffer>((resolve, reject) => {
+        get(`${relay.url}${batchPath(step, BIG)}`, (res) => {
+          const chunks: Buffer[] = [];
+          res.on("data", (d: Buffer) => chunks.push(d));
+          res.on("end", () => resolve(Buffer.concat(chunks)));
+          res.on("error", reject);
+        }).on("error", reject);
+      }));
+      await waitFor(async () => (await bounded.metric("rackfeed_batch_inflight_bytes")) === 2 * BIG_BYTES, "two bodies in flight");
+      let third: Uint8Array | undefined;
+      const thirdDone = fetch(`${bounded.url}${batchPath(8, BIG)}`).then(async (r) => (third = new Uint8Array(await r.arrayBuffer())));
+      await waitFor(async () => (await bounded.metric("rackfeed_batch_waiting")) === 1, "the third batch waiting");
+      await settle(300);
+      expect(third).toBeUndefined();
+      relay.hold(false);
+      await thirdDone;
+      expectSameBytes(third!, await reference(8, BIG), "the batch that waited");
+      const [a, b] = await Promise.all(held);
+      expectSameBytes(a, await reference(6, BIG), "held batch 6");
+      expectSameBytes(b, await reference(7, BIG), "held batch 7");
+      await waitFor(async () => (await bounded.metric("rackfeed_batch_inflight_bytes")) === 0, "nothing in flight at the end");
+      expect(await bounded.metric("rackfeed_batch_refused_total")).toBe(0);
+    } finally {
+      await relay.close();
+      await bounded.close();
     }
   });
 

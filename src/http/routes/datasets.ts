@@ -4,7 +4,7 @@ import type { Context, Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { assembleSamples, cacheState, ITEM_SIZE } from "../../batch/assemble-batch.ts";
 import type { BatchBodyPool } from "../../batch/body-pool.ts";
-import type { WhenSent } from "../../runtime/listener.ts";
+import type { WhenDone } from "../../runtime/listener.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../../batch/dataset-catalog.ts";
 import type { BatchStats } from "../../batch/batch-stats.ts";
 import { type ReadAhead, stepSamples } from "../../batch/read-ahead.ts";
@@ -33,10 +33,10 @@ export interface DatasetRoutesDeps {
   readonly bodies?: BatchBodies;
 }
 
-/** Batch bodies taken from a pool and given back once the runtime has written their response out. */
+/** Batch bodies leased from a pool and given back once the runtime says their response is over. */
 export interface BatchBodies {
   readonly pool: BatchBodyPool;
-  readonly whenSent: WhenSent;
+  readonly whenDone: WhenDone;
 }
 
 /** Largest registration body accepted. */
@@ -136,13 +136,14 @@ async function batchResponse(
 ): Promise<Response> {
   const t0 = deps.now();
   const bytes = count * reg.dataset.windowLength * ITEM_SIZE[reg.dataset.dtype];
-  // Too large a body is refused by the assembly; it is not taken from the pool.
-  const pooled = deps.bodies && bytes <= deps.maxBatchBytes ? deps.bodies.pool.take(bytes) : undefined;
+  // Too large a body is refused by the assembly; it is not leased. Waiting for a lease (the
+  // bound on bodies in flight) counts in the batch's time: it is time the trainer waits.
+  const lease = deps.bodies && bytes <= deps.maxBatchBytes ? await deps.bodies.pool.lease(bytes) : undefined;
   let batch;
   try {
-    batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, deps.now, pooled);
+    batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, deps.now, lease?.body);
   } catch (e) {
-    if (pooled) deps.bodies!.pool.give(pooled); // nothing else saw it
+    lease?.end(true); // nothing else saw the body
     throw e;
   }
   const state = cacheState(batch);
@@ -150,9 +151,9 @@ async function batchResponse(
   deps.onBatch(seconds, state);
   deps.stats.record(reg.name, request, batch, seconds);
   deps.served.add(httpTransport(c.env), batch.body.length);
-  // Back to the pool only when every byte is out: the next batch of this size overwrites it. An
-  // aborted response, or a runtime that cannot tell, leaves the body to the garbage collector.
-  if (pooled) deps.bodies!.whenSent(c.env, () => deps.bodies!.pool.give(pooled));
+  // Back to the pool only when nothing reads it any more: the next batch of this size overwrites
+  // it. Where the runtime cannot tell (no bindings), the lease ends now and the body is not reused.
+  if (lease && !deps.bodies!.whenDone(c.env, lease.end)) lease.end(false);
   return c.body(deps.wrapBody(batch.body) as ReadableStream | Uint8Array<ArrayBuffer>, 200, {
     "content-type": "application/octet-stream",
     "x-rackfeed-dtype": batch.dtype,

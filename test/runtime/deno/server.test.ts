@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { loadConfig } from "../../../src/config/load.ts";
-import { denoBody, listenDeno, oneChunkStream, whenSentDeno } from "../../../src/runtime/deno.ts";
+import { denoBody, listenDeno, oneChunkStream, whenDoneDeno } from "../../../src/runtime/deno.ts";
 import { createServer, type ServerEnv } from "../../../src/server.ts";
 
 async function waitUntil(cond: () => Promise<boolean>, what: string): Promise<void> {
@@ -206,7 +206,7 @@ Deno.test("reuses HTTP batch bodies once Deno has completed their responses; con
       }
     }
     await waitUntil(async () => (await poolBytes()) > 0, "the body back in the pool once read");
-  }, { whenSent: whenSentDeno }); // bodies of every size as one-chunk streams
+  }, { whenDone: whenDoneDeno }); // bodies of every size as one-chunk streams
   await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
     await register(url, dir);
     const read = async (j: (typeof jobs)[number]) => {
@@ -239,5 +239,5 @@ Deno.test("reuses HTTP batch bodies once Deno has completed their responses; con
     const metrics = await (await fetch(`${url}/metrics`)).text();
     const reused = Number(/rackfeed_batch_bodies_total\{source="pool"\} (\d+)/.exec(metrics)?.[1] ?? 0);
     assert.ok(reused > 30, `bodies reused: ${reused}`);
-  }, { whenSent: whenSentDeno, wrapBody: denoBody });
+  }, { whenDone: whenDoneDeno, wrapBody: denoBody });
 });
