@@ -31,7 +31,13 @@ export function listenDeno(
         onListen: ({ port }) => {
           resolve({ url: `${tls ? "https" : "http"}://${hostPort(addr.hostname, port)}`, close: () => server.shutdown() });
         },
-      }, (req, info) => fetch(req, { completed: info.completed } satisfies DenoBindings));
+      }, (req, info) => {
+        // A getter: Deno makes `completed` when it is first read, and rejects it when a stream
+        // body is not delivered (a client that resets an HTTP/2 stream). Read for every request,
+        // it went unhandled on routes that never look at it, and ended the process.
+        const env: DenoBindings = { get completed() { return info.completed; } };
+        return fetch(req, env);
+      });
     } catch (e) {
       reject(e);
     }
@@ -40,15 +46,24 @@ export function listenDeno(
 
 /** What the Deno listener passes handlers as Hono's `c.env`. */
 export interface DenoBindings {
-  /** Deno.serve's `info.completed`: settles once the response is done with (written out, or the connection gone). */
+  /**
+   * Deno.serve's `info.completed`: settles once the response is done with (written out, or the
+   * connection gone); it rejects when a stream body was not delivered, so whoever reads it must
+   * handle that.
+   */
   readonly completed: Promise<void>;
 }
 
 /**
  * `WhenDone` on Deno: `info.completed`. Deno copies a `Uint8Array` body before completing, and
  * completes a stream body only once it has been read and written (both checked: a body
- * overwritten at completion reached a stalled reader unchanged), and also when the connection
- * is gone; a rejection ends it as not reusable.
+ * overwritten at completion reached a stalled reader unchanged), and also when an HTTP/1.1
+ * connection is gone; it rejects when an HTTP/2 stream with a stream body is reset, which ends
+ * the lease as not reusable.
+ *
+ * @param env the bindings `listenDeno` passes (`DenoBindings`)
+ * @param done called once: `done(true)` when the body may be reused, `done(false)` otherwise
+ * @returns false where `env` carries no `completed` (then `done` is never called)
  */
 export function whenDoneDeno(env: unknown, done: (reusable: boolean) => void): boolean {
   const completed = (env as Partial<DenoBindings> | undefined)?.completed;

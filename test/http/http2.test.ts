@@ -202,6 +202,31 @@ describe("HTTP/2 on Deno", () => {
     expect(await curl([`${plain.url}/v1/objects/data/big.bin`])).toEqual({ version: "1.1", sha: sha(body) });
   });
 
+  it("stays up when a client resets an HTTP/2 stream whose body it never read", async () => {
+    // Deno rejects info.completed for a stream body that was not delivered: a rejection nobody
+    // handled ended the process (found in review). A one-block range is a one-chunk stream body.
+    const session = http2.connect(plain.url, { settings: { initialWindowSize: 65_535 } });
+    session.on("error", () => {});
+    try {
+      for (let i = 0; i < 3; i++) {
+        const req = session.request({ ":path": "/v1/objects/data/big.bin", range: `bytes=${i * 200_000}-${i * 200_000 + 199_999}` });
+        req.on("error", () => {});
+        req.pause();
+        await new Promise((r) => {
+          req.once("response", r);
+          req.once("close", r); // the server went away
+        });
+        req.close(http2.constants.NGHTTP2_CANCEL);
+      }
+      await new Promise((r) => setTimeout(r, 500));
+      const res = await fetch(`${plain.url}/healthz`);
+      expect(res.status).toBe(200);
+      expect(plain.proc.exitCode).toBeNull();
+    } finally {
+      session.destroy();
+    }
+  });
+
   it("serves HTTPS with ALPN h2 and http/1.1", async () => {
     expect(secure.url).toMatch(/^https:/);
     expect(await curl(["--http2", "--cacert", cert, `${secure.url}/v1/objects/data/big.bin`])).toEqual({ version: "2", sha: sha(body) });
