@@ -222,7 +222,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     readToken: config.readToken,
     adminToken: config.adminToken,
     maxBatchBytes: config.maxBatchBytes,
-    bodies: bodies && env.whenDone ? { pool: bodies, whenDone: env.whenDone } : undefined,
+    bodies: env.whenDone && bodies ? { pool: bodies, whenDone: env.whenDone } : undefined,
     now: env.now,
     log: env.log,
   });

@@ -95,9 +95,9 @@ export class BatchBodyPool {
    */
   constructor(opts: BodyPoolOptions) {
     for (const [name, v] of [["poolBytes", opts.poolBytes], ["inflightBytes", opts.inflightBytes], ["maxWaiting", opts.maxWaiting], ["waitMs", opts.waitMs]] as const) {
-      if (!Number.isSafeInteger(v) || v < 0) throw new RangeError(`Invalid batch body pool ${name}: expected a non-negative integer, received ${v}`);
+      if (!Number.isSafeInteger(v) || v < 0) throw new RangeError(`Cannot create BatchBodyPool: ${name} must be a non-negative integer: received ${v}`);
     }
-    if (opts.inflightBytes === 0) throw new RangeError("Invalid batch body pool inflightBytes: expected at least 1 byte, received 0");
+    if (opts.inflightBytes === 0) throw new RangeError("Cannot create BatchBodyPool: inflightBytes must be at least 1: received 0");
     this.#o = opts;
   }
 
@@ -112,7 +112,7 @@ export class BatchBodyPool {
    */
   async lease(bytes: number): Promise<BodyLease> {
     if (bytes > this.#o.inflightBytes) {
-      throw new RangeError(`A batch body of ${bytes} bytes exceeds the in-flight bound of ${this.#o.inflightBytes} bytes`);
+      throw new RangeError(`Cannot lease a batch body of ${bytes} bytes: it exceeds the in-flight bound of ${this.#o.inflightBytes} bytes`);
     }
     // In order of arrival: a lease does not pass others that wait, or large ones would starve.
     if (this.#waiters.length > 0 || this.#inflight + bytes > this.#o.inflightBytes) await this.#wait(bytes); // counts them when it wakes
@@ -131,7 +131,11 @@ export class BatchBodyPool {
     };
   }
 
-  /** A snapshot of the counters. */
+  /**
+   * A snapshot of the counters.
+   *
+   * @returns reuse and in-flight figures, for `/metrics`
+   */
   stats(): BodyPoolStats {
     return {
       reused: this.#reused,

@@ -103,6 +103,10 @@ export function listenNode(
  * before the session's socket write that still points at the body completes); a stream's write
  * callbacks run only once that write is done, and a reset stream never finishes. `close`
  * without `finish` ends it as not reusable.
+ *
+ * @param env Hono's `c.env` on @hono/node-server (`{ incoming, outgoing }`)
+ * @param done called once: `done(true)` when the body may be reused, `done(false)` otherwise
+ * @returns false where `env` carries no Node response (then `done` is never called)
  */
 export function whenDoneNode(env: unknown, done: (reusable: boolean) => void): boolean {
   const out = (env as { outgoing?: unknown } | undefined)?.outgoing;

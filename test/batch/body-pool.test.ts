@@ -81,9 +81,9 @@ describe("BatchBodyPool: reuse", () => {
   });
 
   it("refuses bounds that are not non-negative integers, and an in-flight bound of 0", () => {
-    expect(() => pool({ poolBytes: -1 })).toThrow(/poolBytes: expected a non-negative integer, received -1/);
+    expect(() => pool({ poolBytes: -1 })).toThrow(/Cannot create BatchBodyPool: poolBytes must be a non-negative integer: received -1/);
     expect(() => pool({ waitMs: 1.5 })).toThrow(RangeError);
-    expect(() => pool({ inflightBytes: 0 })).toThrow(/at least 1 byte/);
+    expect(() => pool({ inflightBytes: 0 })).toThrow(/inflightBytes must be at least 1/);
   });
 });
 

@@ -35,7 +35,9 @@ export interface DatasetRoutesDeps {
 
 /** Batch bodies leased from a pool and given back once the runtime says their response is over. */
 export interface BatchBodies {
+  /** Where bodies are leased (and waited for, under the in-flight bound). */
   readonly pool: BatchBodyPool;
+  /** The runtime's word on when a response is over. */
   readonly whenDone: WhenDone;
 }
 

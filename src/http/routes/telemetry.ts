@@ -7,7 +7,6 @@ import type { Metrics } from "../../metrics/prometheus.ts";
 import { MAX_REPORT_STEPS } from "../../metrics/telemetry-report.ts";
 import { routeDoc } from "../route-docs.ts";
 
-
 /**
  * Registers the telemetry route (behind the read token, like every `/v1` route).
  *

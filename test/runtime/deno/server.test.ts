@@ -162,51 +162,61 @@ Deno.test("reuses HTTP batch bodies once Deno has completed their responses; con
   // A stalled reader of a stream body (zero-copy, so Deno reads the pool's memory while it writes):
   // the body must stay out of the pool until the reader is done, or the next batch of that size
   // would be assembled into bytes the reader has not received yet.
-  await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
-    await register(url, dir);
-    const poolBytes = async () => Number(/rackfeed_batch_body_pool_bytes (\d+)/.exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
-    const { port } = new URL(url);
-    const conn = await Deno.connect({ hostname: "127.0.0.1", port: Number(port) });
-    let read = false;
-    try {
-      await conn.write(new TextEncoder().encode(`GET ${path(1, BIG)} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`));
-      await new Promise((ok) => setTimeout(ok, 400));
-      assert.equal(await poolBytes(), 0, "the stalled response's body is in the pool");
-      const res2 = await fetch(`${url}${path(2, BIG)}`);
-      assert.equal(res2.status, 200);
-      const other = new Uint8Array(await res2.arrayBuffer());
-      assert.ok(Buffer.compare(other, want.get(`2/${BIG}`)!) === 0, "the second big batch differs from the reference");
-      const raw = new Uint8Array(await new Response(conn.readable).arrayBuffer()); // closes conn
-      let head = 0;
-      while (!(raw[head] === 13 && raw[head + 1] === 10 && raw[head + 2] === 13 && raw[head + 3] === 10)) head++;
-      const text = new TextDecoder().decode(raw.subarray(0, head));
-      assert.match(text, /^HTTP\/1\.1 200/);
-      const body: Uint8Array[] = [];
-      if (/transfer-encoding: chunked/i.test(text)) {
-        let at = head + 4;
-        for (;;) {
-          let eol = at;
-          while (raw[eol] !== 13) eol++;
-          const n = parseInt(new TextDecoder().decode(raw.subarray(at, eol)), 16);
-          if (n === 0) break;
-          body.push(raw.subarray(eol + 2, eol + 2 + n));
-          at = eol + 2 + n + 2;
+  // The same with a Uint8Array body (what denoBody sends above 256 KiB): Deno copies it, so the
+  // body may come back at once, and the reader must still get its own bytes (a canary for a
+  // Deno that stops copying).
+  for (const kind of ["stream", "bytes"] as const) {
+    await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
+      await register(url, dir);
+      const poolBytes = async () => Number(/rackfeed_batch_body_pool_bytes (\d+)/.exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+      const { port } = new URL(url);
+      const conn = await Deno.connect({ hostname: "127.0.0.1", port: Number(port) });
+      let read = false;
+      try {
+        await conn.write(new TextEncoder().encode(`GET ${path(1, BIG)} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`));
+        await new Promise((ok) => setTimeout(ok, 400));
+        if (kind === "stream") assert.equal(await poolBytes(), 0, "the stalled response's body is in the pool");
+        const res2 = await fetch(`${url}${path(2, BIG)}`);
+        assert.equal(res2.status, 200);
+        const other = new Uint8Array(await res2.arrayBuffer());
+        assert.ok(Buffer.compare(other, want.get(`2/${BIG}`)!) === 0, "the second big batch differs from the reference");
+        if (kind === "bytes") {
+          // Deno copied the first body, so the second batch was assembled into it: the canary is live.
+          const reused = Number(/rackfeed_batch_bodies_total\{source="pool"\} (\d+)/.exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? 0);
+          assert.equal(reused, 1, "the second big batch did not reuse the first one's body");
         }
-      } else body.push(raw.subarray(head + 4));
-      assert.ok(Buffer.compare(Buffer.concat(body), want.get(`1/${BIG}`)!) === 0, "the stalled reader's batch was overwritten");
-      read = true;
-    } finally {
-      // A failed check must not leave the stalled connection holding the server's shutdown.
-      if (!read) {
-        try {
-          conn.close();
-        } catch {
-          // already closed by reading it to the end
+        const raw = new Uint8Array(await new Response(conn.readable).arrayBuffer()); // closes conn
+        let head = 0;
+        while (!(raw[head] === 13 && raw[head + 1] === 10 && raw[head + 2] === 13 && raw[head + 3] === 10)) head++;
+        const text = new TextDecoder().decode(raw.subarray(0, head));
+        assert.match(text, /^HTTP\/1\.1 200/);
+        const body: Uint8Array[] = [];
+        if (/transfer-encoding: chunked/i.test(text)) {
+          let at = head + 4;
+          for (;;) {
+            let eol = at;
+            while (raw[eol] !== 13) eol++;
+            const n = parseInt(new TextDecoder().decode(raw.subarray(at, eol)), 16);
+            if (n === 0) break;
+            body.push(raw.subarray(eol + 2, eol + 2 + n));
+            at = eol + 2 + n + 2;
+          }
+        } else body.push(raw.subarray(head + 4));
+        assert.ok(Buffer.compare(Buffer.concat(body), want.get(`1/${BIG}`)!) === 0, `the stalled reader's batch was overwritten (${kind} body)`);
+        read = true;
+      } finally {
+        // A failed check must not leave the stalled connection holding the server's shutdown.
+        if (!read) {
+          try {
+            conn.close();
+          } catch {
+            // already closed by reading it to the end
+          }
         }
       }
-    }
-    await waitUntil(async () => (await poolBytes()) > 0, "the body back in the pool once read");
-  }, { whenDone: whenDoneDeno }); // bodies of every size as one-chunk streams
+      await waitUntil(async () => (await poolBytes()) > 0, "the body back in the pool once read");
+    }, { whenDone: whenDoneDeno, wrapBody: kind === "stream" ? oneChunkStream : (b: Uint8Array) => b as Uint8Array<ArrayBuffer> });
+  }
   await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
     await register(url, dir);
     const read = async (j: (typeof jobs)[number]) => {
