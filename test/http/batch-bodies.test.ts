@@ -5,6 +5,7 @@
 import * as http2 from "node:http2";
 import { get } from "node:http";
 import { connect, createServer as netServer, type Server, type Socket } from "node:net";
+import { rm } from "node:fs/promises";
 import { join } from "node:path";
 import type { Readable } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -242,6 +243,22 @@ describe("reused HTTP batch bodies", () => {
     } finally {
       await relay.close();
       await bounded.close();
+    }
+  });
+
+  it("ends the lease of a batch whose assembly failed: its bytes no longer count as in flight", async () => {
+    await putSyntheticDataset(ws, "tok/gone", 50, 500, 6000, 11);
+    const reg = await datasetFlags(ws, "gone", { sources: [{ prefix: "data/tok/gone" }], seq_length: 4096, seed: 3, split: "100,0,0", split_index: 0, num_samples: 64 });
+    const server = await startServer(ws, [...reg, "--cache-dir", join(ws.dir, "c-gone"), "--batch-inflight-bytes", "256MiB"]);
+    try {
+      await rm(join(ws.origin, "tok/gone.bin")); // registered, then gone: every block fill fails
+      const res = await fetch(`${server.url}/v1/datasets/gone/batches/0?rank=0&world=1&micro_batch=8`);
+      expect(res.status).toBeGreaterThanOrEqual(400);
+      await res.arrayBuffer();
+      expect(await server.metric("rackfeed_batch_bodies_total", { source: "new" })).toBe(1);
+      await waitFor(async () => (await server.metric("rackfeed_batch_inflight_bytes")) === 0, "the failed batch's lease ended");
+    } finally {
+      await server.close();
     }
   });
 

@@ -145,17 +145,20 @@ async function batchResponse(
   try {
     batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, deps.now, lease?.body);
   } catch (e) {
-    lease?.end(true); // nothing else saw the body
+    lease?.end(true); // never handed out, and a failed assembly copies nothing later
     throw e;
   }
+  // The lease ends with the response. Registered only once the copy is over: a runtime may say
+  // "done" as soon as the connection is gone (Deno resolves `completed` when an HTTP/1.1 client
+  // leaves), and a body back in the pool must not be written by a late copy. Back to the pool
+  // only when nothing reads it any more: the next batch of this size overwrites it. Where the
+  // runtime cannot tell (no bindings), the lease ends now and the body is not reused.
+  if (lease && !deps.bodies!.whenDone(c.env, lease.end)) lease.end(false);
   const state = cacheState(batch);
   const seconds = (deps.now() - t0) / 1000;
   deps.onBatch(seconds, state);
   deps.stats.record(reg.name, request, batch, seconds);
   deps.served.add(httpTransport(c.env), batch.body.length);
-  // Back to the pool only when nothing reads it any more: the next batch of this size overwrites
-  // it. Where the runtime cannot tell (no bindings), the lease ends now and the body is not reused.
-  if (lease && !deps.bodies!.whenDone(c.env, lease.end)) lease.end(false);
   return c.body(deps.wrapBody(batch.body) as ReadableStream | Uint8Array<ArrayBuffer>, 200, {
     "content-type": "application/octet-stream",
     "x-rackfeed-dtype": batch.dtype,
