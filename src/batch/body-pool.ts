@@ -117,7 +117,14 @@ export class BatchBodyPool {
     // In order of arrival: a lease does not pass others that wait, or large ones would starve.
     if (this.#waiters.length > 0 || this.#inflight + bytes > this.#o.inflightBytes) await this.#wait(bytes); // counts them when it wakes
     else this.#inflight += bytes;
-    const body = this.#take(bytes);
+    let body: Uint8Array;
+    try {
+      body = this.#take(bytes);
+    } catch (e) {
+      this.#inflight -= bytes; // out of memory: the bytes were never leased
+      this.#wakeWaiters();
+      throw e;
+    }
     let ended = false;
     return {
       body,

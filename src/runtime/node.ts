@@ -102,28 +102,48 @@ export function listenNode(
  * own `finish`, not the compatibility response's (that one fires on stream close, which can come
  * before the session's socket write that still points at the body completes); a stream's write
  * callbacks run only once that write is done, and a reset stream never finishes. `close`
- * without `finish` ends it as not reusable.
+ * without `finish` (of the response, the stream or an HTTP/1.1 socket) ends it as not reusable,
+ * and so does a response that is over before this is called.
  *
  * @param env Hono's `c.env` on @hono/node-server (`{ incoming, outgoing }`)
  * @param done called once: `done(true)` when the body may be reused, `done(false)` otherwise
  * @returns false where `env` carries no Node response (then `done` is never called)
  */
 export function whenDoneNode(env: unknown, done: (reusable: boolean) => void): boolean {
-  const out = (env as { outgoing?: unknown } | undefined)?.outgoing;
-  const target = out instanceof http2.Http2ServerResponse ? out.stream : out instanceof http.ServerResponse ? out : undefined;
-  if (!target) return false;
+  const e = env as { incoming?: { socket?: net.Socket | null }; outgoing?: unknown } | undefined;
+  const out = e?.outgoing;
+  let target: http2.ServerHttp2Stream | http.ServerResponse;
+  // HTTP/1.1 only: a pipelined response waiting behind another hears nothing when the socket
+  // dies (no close, no finish), so the socket's own close ends it too.
+  let socket: net.Socket | undefined;
+  let overAlready: boolean;
+  if (out instanceof http2.Http2ServerResponse) {
+    target = out.stream;
+    overAlready = out.stream.destroyed || out.stream.closed;
+  } else if (out instanceof http.ServerResponse) {
+    target = out;
+    socket = e?.incoming?.socket ?? undefined;
+    overAlready = out.destroyed || socket?.destroyed === true;
+  } else return false;
+  // Already over: the client left while the batch waited or was assembled, and `close` has fired.
+  if (overAlready) {
+    done(false);
+    return true;
+  }
   let over = false;
   const end = (reusable: boolean) => {
     if (over) return;
     over = true;
     target.off("finish", finished);
     target.off("close", closed);
+    socket?.off("close", closed);
     done(reusable);
   };
   const finished = () => end(true);
   const closed = () => end(false);
   target.once("finish", finished);
   target.once("close", closed);
+  socket?.once("close", closed);
   return true;
 }
 

@@ -246,6 +246,78 @@ describe("reused HTTP batch bodies", () => {
     }
   });
 
+  it("ends the lease of a batch whose client left while it waited: HTTP/1.1, HTTP/2 reset or session gone, pipelined requests", async () => {
+    // Found in review: a response already over when its lease was registered never ended it, and
+    // two such batches wedged a server bounded at two batches (every later one: 503 after 30 s).
+    const reg = await datasetFlags(ws, "pile", { sources: [{ prefix: "data/tok/pile" }], seq_length: 4096, seed: 3, split: "100,0,0", split_index: 0, num_samples: 16 * BIG });
+    const bounded = await startServer(ws, [...reg, "--cache-dir", join(ws.dir, "c-leave"), "--max-batch-bytes", "17MiB", "--batch-inflight-bytes", "34MiB"]);
+    const port = Number(new URL(bounded.url).port);
+    const gauge = async () => ({ inflight: await bounded.metric("rackfeed_batch_inflight_bytes"), waiting: await bounded.metric("rackfeed_batch_waiting") });
+    /** A reader that asks and never reads: its ~16 MiB body stays in flight. */
+    const stalled = (requests: string) => {
+      const s = connect({ host: "127.0.0.1", port });
+      s.on("error", () => {});
+      s.write(requests);
+      s.pause();
+      return s;
+    };
+    const get1 = (step: number) => `GET ${batchPath(step, BIG)} HTTP/1.1\r\nHost: x\r\n\r\n`;
+    const h2Waiting = () => {
+      const session = http2.connect(bounded.url);
+      session.on("error", () => {});
+      const req = session.request({ ":path": batchPath(3, BIG) });
+      req.on("error", () => {});
+      req.end();
+      return { session, req };
+    };
+    /** Name, how many batches it leaves waiting, and how it starts (returning how its client leaves). */
+    const scenarios: [string, number, () => () => void][] = [
+      ["HTTP/1.1 client gone", 1, () => {
+        const s = stalled(get1(3));
+        return () => s.destroy();
+      }],
+      ["HTTP/2 stream reset", 1, () => {
+        const { session, req } = h2Waiting();
+        return () => {
+          req.close(http2.constants.NGHTTP2_CANCEL);
+          setTimeout(() => session.destroy(), 200);
+        };
+      }],
+      ["HTTP/2 session gone", 1, () => {
+        const { session } = h2Waiting();
+        return () => session.destroy();
+      }],
+      // Node runs the handlers of pipelined requests at once: both wait.
+      ["HTTP/1.1 pipelined, socket gone", 2, () => {
+        const s = stalled(get1(3) + get1(4));
+        return () => s.destroy();
+      }],
+    ];
+    try {
+      for (const [name, waiting, start] of scenarios) {
+        const held = [stalled(get1(1)), stalled(get1(2))];
+        try {
+          await waitFor(async () => (await gauge()).inflight === 2 * BIG_BYTES, `${name}: two bodies in flight`);
+          const leave = start();
+          await waitFor(async () => (await gauge()).waiting === waiting, `${name}: ${waiting} batch(es) waiting`);
+          leave();
+          await settle(200);
+        } finally {
+          for (const s of held) s.destroy(); // also on failure: a held reader would hold close() open
+        }
+        await waitFor(async () => {
+          const g = await gauge();
+          return g.inflight === 0 && g.waiting === 0;
+        }, `${name}: nothing in flight or waiting once every client is gone`, 5000);
+      }
+      // And the server still serves a full-size batch at once.
+      const got = new Uint8Array(await (await fetch(`${bounded.url}${batchPath(9, BIG)}`)).arrayBuffer());
+      expectSameBytes(got, await reference(9, BIG), "a batch after the departures");
+    } finally {
+      await bounded.close();
+    }
+  });
+
   it("ends the lease of a batch whose assembly failed: its bytes no longer count as in flight", async () => {
     await putSyntheticDataset(ws, "tok/gone", 50, 500, 6000, 11);
     const reg = await datasetFlags(ws, "gone", { sources: [{ prefix: "data/tok/gone" }], seq_length: 4096, seed: 3, split: "100,0,0", split_index: 0, num_samples: 64 });

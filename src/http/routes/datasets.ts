@@ -144,16 +144,16 @@ async function batchResponse(
   let batch;
   try {
     batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, deps.now, lease?.body);
+    // The lease ends with the response. Registered only once the copy is over: a runtime may say
+    // "done" as soon as the connection is gone (Deno resolves `completed` when an HTTP/1.1 client
+    // leaves), and a body back in the pool must not be written by a late copy. Back to the pool
+    // only when nothing reads it any more: the next batch of this size overwrites it. Where the
+    // runtime cannot tell (no bindings), the lease ends now and the body is not reused.
+    if (lease && !deps.bodies!.whenDone(c.env, lease.end)) lease.end(false);
   } catch (e) {
-    lease?.end(true); // never handed out, and a failed assembly copies nothing later
+    lease?.end(false); // a failed assembly copies nothing later; the body is simply not reused
     throw e;
   }
-  // The lease ends with the response. Registered only once the copy is over: a runtime may say
-  // "done" as soon as the connection is gone (Deno resolves `completed` when an HTTP/1.1 client
-  // leaves), and a body back in the pool must not be written by a late copy. Back to the pool
-  // only when nothing reads it any more: the next batch of this size overwrites it. Where the
-  // runtime cannot tell (no bindings), the lease ends now and the body is not reused.
-  if (lease && !deps.bodies!.whenDone(c.env, lease.end)) lease.end(false);
   const state = cacheState(batch);
   const seconds = (deps.now() - t0) / 1000;
   deps.onBatch(seconds, state);
