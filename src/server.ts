@@ -18,7 +18,7 @@ import { FsOrigin } from "./origin/fs-origin.ts";
 import { S3Origin } from "./origin/s3-origin.ts";
 import { OriginGateway } from "./origin/origin-gateway.ts";
 import type { Origin } from "./origin/origin.ts";
-import type { WhenDone } from "./runtime/listener.ts";
+import type { ClientGone, WhenDone } from "./runtime/listener.ts";
 import type { MapFile } from "./shm/ring-file.ts";
 import { SHM_PROTOCOL_VERSION } from "./shm/protocol.ts";
 import { type PeerIdentity, ShmServer } from "./shm/shm-server.ts";
@@ -75,6 +75,8 @@ export interface ServerEnv {
   readonly peers?: PeerIdentity;
   /** See `WhenDone`: when a response is over. HTTP batch bodies are reused, and bounded in flight, only where this is given. */
   readonly whenDone?: WhenDone;
+  /** See `ClientGone`: a batch whose client left while it waited for room is not assembled. */
+  readonly clientGone?: ClientGone;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
   readonly makeOrigin?: (spec: Config["origins"][number]) => Origin;
 }
@@ -222,7 +224,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     readToken: config.readToken,
     adminToken: config.adminToken,
     maxBatchBytes: config.maxBatchBytes,
-    bodies: env.whenDone && bodies ? { pool: bodies, whenDone: env.whenDone } : undefined,
+    bodies: env.whenDone && bodies ? { pool: bodies, whenDone: env.whenDone, clientGone: env.clientGone } : undefined,
     now: env.now,
     log: env.log,
   });

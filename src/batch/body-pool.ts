@@ -28,6 +28,8 @@ export interface BodyPoolStats {
   readonly waiting: number;
   /** Leases refused: the wait queue was full, or the wait timed out. */
   readonly refused: number;
+  /** Leases abandoned unused: their client left while they waited. */
+  readonly abandoned: number;
 }
 
 /** Bounds of a `BatchBodyPool`. */
@@ -54,6 +56,8 @@ export interface BodyLease {
    * garbage collector.
    */
   end(reusable: boolean): void;
+  /** Ends the lease unused (its client is gone; the body was never written or handed out), counted. */
+  abandon(): void;
 }
 
 interface Waiter {
@@ -88,6 +92,7 @@ export class BatchBodyPool {
   #allocated = 0;
   #dropped = 0;
   #refused = 0;
+  #abandoned = 0;
 
   /**
    * @param opts the bounds
@@ -126,14 +131,19 @@ export class BatchBodyPool {
       throw e;
     }
     let ended = false;
+    const end = (reusable: boolean) => {
+      if (ended) return;
+      ended = true;
+      this.#inflight -= bytes;
+      if (reusable) this.#give(body);
+      this.#wakeWaiters();
+    };
     return {
       body,
-      end: (reusable) => {
-        if (ended) return;
-        ended = true;
-        this.#inflight -= bytes;
-        if (reusable) this.#give(body);
-        this.#wakeWaiters();
+      end,
+      abandon: () => {
+        if (!ended) this.#abandoned++;
+        end(true);
       },
     };
   }
@@ -153,6 +163,7 @@ export class BatchBodyPool {
       inflightBytes: this.#inflight,
       waiting: this.#waiters.length,
       refused: this.#refused,
+      abandoned: this.#abandoned,
     };
   }
 

@@ -4,7 +4,7 @@ import { ConfigError, loadConfig } from "../config/load.ts";
 import { ADMIN_USAGE, prefetchCommand, statsCommand } from "./admin-commands.ts";
 import { TUNABLES } from "../config/defaults.ts";
 import { DEMO_TOKEN_DATASET, ensureDemoDataset } from "../demo/demo-dataset.ts";
-import type { Listen, WhenDone } from "../runtime/listener.ts";
+import type { ClientGone, Listen, WhenDone } from "../runtime/listener.ts";
 import { createServer, DatasetStartupError, type ServerEnv } from "../server.ts";
 
 /** What the CLI needs from the runtime it runs on (built in `runtime/deno.ts` or `runtime/node.ts`). */
@@ -25,6 +25,8 @@ export interface CliHost {
   readonly wrapBody?: (bytes: Uint8Array) => BodyInit;
   /** See `ServerEnv.whenDone`: when a response is over (HTTP batch bodies are reused and bounded by it). */
   readonly whenDone?: WhenDone;
+  /** See `ServerEnv.clientGone`. */
+  readonly clientGone?: ClientGone;
   /** This process's id, and whether another one runs (shm rings of dead servers are removed). */
   readonly pid?: number;
   readonly isAlive?: (pid: number) => boolean;
@@ -105,6 +107,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       log,
       wrapBody: host.wrapBody,
       whenDone: host.whenDone,
+      clientGone: host.clientGone,
       pid: host.pid,
       isAlive: host.isAlive,
       mapFile: host.mapFile,

@@ -188,6 +188,10 @@ export class Metrics {
       const b = src.bodies?.();
       return b ? [[{}, b.waiting]] : [];
     });
+    counter("rackfeed_batch_abandoned_total", "HTTP batches not assembled: their client left while they waited for room", [], () => {
+      const b = src.bodies?.();
+      return b ? [[{}, b.abandoned]] : [];
+    });
     counter("rackfeed_batch_refused_total", "HTTP batches refused with 503: too many waited for room, or one waited too long", [], () => {
       const b = src.bodies?.();
       return b ? [[{}, b.refused]] : [];

@@ -109,6 +109,21 @@ export function listenNode(
  * @param done called once: `done(true)` when the body may be reused, `done(false)` otherwise
  * @returns false where `env` carries no Node response (then `done` is never called)
  */
+/**
+ * `ClientGone` on Node: the HTTP/2 stream is closed, or the HTTP/1.1 response or its socket is
+ * destroyed (a pipelined response waiting behind another hears nothing else when the socket dies).
+ *
+ * @param env Hono's `c.env` on @hono/node-server (`{ incoming, outgoing }`)
+ * @returns whether nobody can receive the response any more
+ */
+export function clientGoneNode(env: unknown): boolean {
+  const e = env as { incoming?: { socket?: net.Socket | null }; outgoing?: unknown } | undefined;
+  const out = e?.outgoing;
+  if (out instanceof http2.Http2ServerResponse) return out.stream.destroyed || out.stream.closed;
+  if (out instanceof http.ServerResponse) return out.destroyed || e?.incoming?.socket?.destroyed === true;
+  return false;
+}
+
 export function whenDoneNode(env: unknown, done: (reusable: boolean) => void): boolean {
   const e = env as { incoming?: { socket?: net.Socket | null }; outgoing?: unknown } | undefined;
   const out = e?.outgoing;
@@ -116,17 +131,13 @@ export function whenDoneNode(env: unknown, done: (reusable: boolean) => void): b
   // HTTP/1.1 only: a pipelined response waiting behind another hears nothing when the socket
   // dies (no close, no finish), so the socket's own close ends it too.
   let socket: net.Socket | undefined;
-  let overAlready: boolean;
-  if (out instanceof http2.Http2ServerResponse) {
-    target = out.stream;
-    overAlready = out.stream.destroyed || out.stream.closed;
-  } else if (out instanceof http.ServerResponse) {
+  if (out instanceof http2.Http2ServerResponse) target = out.stream;
+  else if (out instanceof http.ServerResponse) {
     target = out;
     socket = e?.incoming?.socket ?? undefined;
-    overAlready = out.destroyed || socket?.destroyed === true;
   } else return false;
-  // Already over: the client left while the batch waited or was assembled, and `close` has fired.
-  if (overAlready) {
+  // Already over: the client left while the batch was assembled, and `close` has fired.
+  if (clientGoneNode(env)) {
     done(false);
     return true;
   }
@@ -158,6 +169,7 @@ export function nodeHost(): CliHost {
     readTextFile: (p) => readFileSync(p, "utf8"),
     listen: listenNode,
     whenDone: whenDoneNode,
+    clientGone: clientGoneNode,
     now: () => performance.now(),
     print: (line) => process.stdout.write(`${line}\n`),
     printError: (line) => process.stderr.write(`${line}\n`),

@@ -137,6 +137,15 @@ describe("BatchBodyPool: bytes in flight", () => {
     expect(timers.count).toBe(0);
   });
 
+  it("counts an abandoned lease, takes its bytes back and keeps its unused body", async () => {
+    const p = pool({ inflightBytes: 1000 });
+    const l = await p.lease(1000);
+    l.abandon();
+    l.abandon(); // once only
+    expect(p.stats()).toMatchObject({ abandoned: 1, inflightBytes: 0, bytes: 1000 });
+    expect((await p.lease(1000)).body).toBe(l.body);
+  });
+
   it("refuses a body larger than the in-flight bound outright", async () => {
     await expect(pool({ inflightBytes: 1000 }).lease(1001)).rejects.toThrow(/exceeds the in-flight bound of 1000/);
   });

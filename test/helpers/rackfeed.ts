@@ -6,7 +6,7 @@ import { connect, createServer as netServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { loadConfig } from "../../src/config/load.ts";
-import { listenNode, whenDoneNode } from "../../src/runtime/node.ts";
+import { clientGoneNode, listenNode, whenDoneNode } from "../../src/runtime/node.ts";
 import type { Listener } from "../../src/runtime/listener.ts";
 import { createServer, type RackfeedServer, type ServerEnv } from "../../src/server.ts";
 
@@ -69,6 +69,7 @@ export async function startServer(
     log: () => {},
     // As `rackfeed serve` on Node: HTTP batch bodies are reused, and bounded in flight.
     whenDone: whenDoneNode,
+    clientGone: clientGoneNode,
     ...env,
   });
   const listener: Listener = await listenNode(server.fetch, config.listen, config.tls);

@@ -246,7 +246,7 @@ describe("reused HTTP batch bodies", () => {
     }
   });
 
-  it("ends the lease of a batch whose client left while it waited: HTTP/1.1, HTTP/2 reset or session gone, pipelined requests", async () => {
+  it("neither assembles nor keeps counting a batch whose client left while it waited: HTTP/1.1, HTTP/2 reset or session gone, pipelined", async () => {
     // Found in review: a response already over when its lease was registered never ended it, and
     // two such batches wedged a server bounded at two batches (every later one: 503 after 30 s).
     const reg = await datasetFlags(ws, "pile", { sources: [{ prefix: "data/tok/pile" }], seq_length: 4096, seed: 3, split: "100,0,0", split_index: 0, num_samples: 16 * BIG });
@@ -310,6 +310,8 @@ describe("reused HTTP batch bodies", () => {
           return g.inflight === 0 && g.waiting === 0;
         }, `${name}: nothing in flight or waiting once every client is gone`, 5000);
       }
+      // None of the five batches whose client had left was assembled.
+      expect(await bounded.metric("rackfeed_batch_abandoned_total")).toBe(5);
       // And the server still serves a full-size batch at once.
       const got = new Uint8Array(await (await fetch(`${bounded.url}${batchPath(9, BIG)}`)).arrayBuffer());
       expectSameBytes(got, await reference(9, BIG), "a batch after the departures");

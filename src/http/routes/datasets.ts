@@ -4,7 +4,7 @@ import type { Context, Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { assembleSamples, cacheState, ITEM_SIZE } from "../../batch/assemble-batch.ts";
 import type { BatchBodyPool } from "../../batch/body-pool.ts";
-import type { WhenDone } from "../../runtime/listener.ts";
+import type { ClientGone, WhenDone } from "../../runtime/listener.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../../batch/dataset-catalog.ts";
 import type { BatchStats } from "../../batch/batch-stats.ts";
 import { type ReadAhead, stepSamples } from "../../batch/read-ahead.ts";
@@ -39,6 +39,8 @@ export interface BatchBodies {
   readonly pool: BatchBodyPool;
   /** The runtime's word on when a response is over. */
   readonly whenDone: WhenDone;
+  /** Whether a request's client is gone; unset: never known. */
+  readonly clientGone?: ClientGone;
 }
 
 /** Largest registration body accepted. */
@@ -141,6 +143,12 @@ async function batchResponse(
   // Too large a body is refused by the assembly; it is not leased. Waiting for a lease (the
   // bound on bodies in flight) counts in the batch's time: it is time the trainer waits.
   const lease = deps.bodies && bytes <= deps.maxBatchBytes ? await deps.bodies.pool.lease(bytes) : undefined;
+  if (lease && deps.bodies!.clientGone?.(c.env)) {
+    // Its client left while it waited for room: nobody can receive it, so nothing is assembled.
+    // Not an error (nothing logged, no error answer); the runtime drops this empty reply.
+    lease.abandon();
+    return c.body(null, 204);
+  }
   let batch;
   try {
     batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, deps.now, lease?.body);
