@@ -26,6 +26,11 @@ export interface SamplePlan {
   readonly blocks: readonly number[];
 }
 
+/** Bytes of the body of `count` samples of a dataset: `count × windowLength` tokens of its served dtype. */
+export function bodyBytes(reg: RegisteredDataset, count: number): number {
+  return count * reg.dataset.windowLength * ITEM_SIZE[reg.dataset.dtype];
+}
+
 /** Numbers per segment of a `SamplePlan`. */
 export const SEGMENT_STRIDE = 4;
 
@@ -195,7 +200,7 @@ export async function assembleSamples(
   const ds = reg.dataset;
   const w = ds.windowLength;
   const outItem = ITEM_SIZE[ds.dtype];
-  const bytes = count * w * outItem;
+  const bytes = bodyBytes(reg, count);
   if (bytes > maxBytes) {
     throw new CacheServerError(
       "BAD_REQUEST",

@@ -83,6 +83,7 @@ interface Waiter {
  */
 export class BatchBodyPool {
   readonly #o: BodyPoolOptions;
+  readonly #setTimer: NonNullable<BodyPoolOptions["setTimer"]>;
   /** Free bodies by length; Map order is recency of use (oldest first). */
   readonly #free = new Map<number, Uint8Array[]>();
   readonly #waiters: Waiter[] = [];
@@ -104,6 +105,10 @@ export class BatchBodyPool {
     }
     if (opts.inflightBytes === 0) throw new RangeError("Cannot create BatchBodyPool: inflightBytes must be at least 1: received 0");
     this.#o = opts;
+    this.#setTimer = opts.setTimer ?? ((fn, ms) => {
+      const t = setTimeout(fn, ms);
+      return { clear: () => clearTimeout(t) };
+    });
   }
 
   /**
@@ -174,11 +179,7 @@ export class BatchBodyPool {
     }
     return new Promise<void>((resolve, reject) => {
       const w: Waiter = { bytes, resolve, reject };
-      const setTimer = this.#o.setTimer ?? ((fn, ms) => {
-        const t = setTimeout(fn, ms);
-        return { clear: () => clearTimeout(t) };
-      });
-      w.timer = setTimer(() => {
+      w.timer = this.#setTimer(() => {
         const i = this.#waiters.indexOf(w);
         if (i < 0) return;
         this.#waiters.splice(i, 1);

@@ -172,30 +172,21 @@ export class Metrics {
     gauge("rackfeed_shm_connections", "Connections on the shared-memory control socket", [], () => [[{}, shm().connections]]);
     counter("rackfeed_served_bytes_total", "Body bytes handed to each transport", ["transport"], () =>
       Object.entries(src.served()).map(([transport, v]) => [{ transport }, v] as Sample));
-    counter("rackfeed_batch_bodies_total", "HTTP batch bodies by where they came from: reused from the pool, or newly allocated", ["source"], () => {
+    // The batch body pool's figures; none where the pool is off.
+    const pool = (pick: (b: BodyPoolStats) => Sample[]) => (): Sample[] => {
       const b = src.bodies?.();
-      return b ? [[{ source: "pool" }, b.reused], [{ source: "new" }, b.allocated]] : [];
-    });
-    gauge("rackfeed_batch_body_pool_bytes", "Bytes of sent HTTP batch bodies waiting in the pool for reuse", [], () => {
-      const b = src.bodies?.();
-      return b ? [[{}, b.bytes]] : [];
-    });
-    gauge("rackfeed_batch_inflight_bytes", "Bytes of HTTP batch bodies assembled and not yet sent (bounded by --batch-inflight-bytes)", [], () => {
-      const b = src.bodies?.();
-      return b ? [[{}, b.inflightBytes]] : [];
-    });
-    gauge("rackfeed_batch_waiting", "HTTP batches waiting for room under --batch-inflight-bytes", [], () => {
-      const b = src.bodies?.();
-      return b ? [[{}, b.waiting]] : [];
-    });
-    counter("rackfeed_batch_abandoned_total", "HTTP batches not assembled: their client left while they waited for room", [], () => {
-      const b = src.bodies?.();
-      return b ? [[{}, b.abandoned]] : [];
-    });
-    counter("rackfeed_batch_refused_total", "HTTP batches refused with 503: too many waited for room, or one waited too long", [], () => {
-      const b = src.bodies?.();
-      return b ? [[{}, b.refused]] : [];
-    });
+      return b ? pick(b) : [];
+    };
+    counter("rackfeed_batch_bodies_total", "HTTP batch bodies by where they came from: reused from the pool, or newly allocated", ["source"],
+      pool((b) => [[{ source: "pool" }, b.reused], [{ source: "new" }, b.allocated]]));
+    gauge("rackfeed_batch_body_pool_bytes", "Bytes of sent HTTP batch bodies waiting in the pool for reuse", [], pool((b) => [[{}, b.bytes]]));
+    gauge("rackfeed_batch_inflight_bytes", "Bytes of HTTP batch bodies assembled and not yet sent (bounded by --batch-inflight-bytes)", [],
+      pool((b) => [[{}, b.inflightBytes]]));
+    gauge("rackfeed_batch_waiting", "HTTP batches waiting for room under --batch-inflight-bytes", [], pool((b) => [[{}, b.waiting]]));
+    counter("rackfeed_batch_abandoned_total", "HTTP batches not assembled: their client left while they waited for room", [],
+      pool((b) => [[{}, b.abandoned]]));
+    counter("rackfeed_batch_refused_total", "HTTP batches refused with 503: too many waited for room, or one waited too long", [],
+      pool((b) => [[{}, b.refused]]));
 
     const consumerLabels = ["dataset", "rank", "world", "micro_batch"];
     const consumerSamples = (pick: (c: ConsumerLookahead) => number) => () =>

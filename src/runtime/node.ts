@@ -95,6 +95,33 @@ export function listenNode(
 }
 
 /**
+ * The Node response behind @hono/node-server's bindings: what emits `finish`/`close` (the HTTP/2
+ * stream, not its compatibility response; see `whenDoneNode`), the HTTP/1.1 socket (a pipelined
+ * response waiting behind another hears nothing else when it dies), and whether it is over already.
+ */
+function nodeResponse(env: unknown): { target: http2.ServerHttp2Stream | http.ServerResponse; socket?: net.Socket; gone: boolean } | undefined {
+  const e = env as { incoming?: { socket?: net.Socket | null }; outgoing?: unknown } | undefined;
+  const out = e?.outgoing;
+  if (out instanceof http2.Http2ServerResponse) return { target: out.stream, gone: out.stream.destroyed || out.stream.closed };
+  if (out instanceof http.ServerResponse) {
+    const socket = e?.incoming?.socket ?? undefined;
+    return { target: out, socket, gone: out.destroyed || socket?.destroyed === true };
+  }
+  return undefined;
+}
+
+/**
+ * `ClientGone` on Node: the HTTP/2 stream is closed, or the HTTP/1.1 response or its socket is
+ * destroyed (a pipelined response waiting behind another hears nothing else when the socket dies).
+ *
+ * @param env Hono's `c.env` on @hono/node-server (`{ incoming, outgoing }`)
+ * @returns whether nobody can receive the response any more
+ */
+export function clientGoneNode(env: unknown): boolean {
+  return nodeResponse(env)?.gone === true;
+}
+
+/**
  * `WhenDone` on Node, from @hono/node-server's bindings (`env.outgoing`). HTTP/1.1: reusable at
  * the response's `finish`, emitted after the socket's callback for its last write, i.e. once the
  * kernel has every byte, or once the socket is gone (libuv has cancelled its writes by the time
@@ -109,38 +136,15 @@ export function listenNode(
  * @param done called once: `done(true)` when the body may be reused, `done(false)` otherwise
  * @returns false where `env` carries no Node response (then `done` is never called)
  */
-/**
- * `ClientGone` on Node: the HTTP/2 stream is closed, or the HTTP/1.1 response or its socket is
- * destroyed (a pipelined response waiting behind another hears nothing else when the socket dies).
- *
- * @param env Hono's `c.env` on @hono/node-server (`{ incoming, outgoing }`)
- * @returns whether nobody can receive the response any more
- */
-export function clientGoneNode(env: unknown): boolean {
-  const e = env as { incoming?: { socket?: net.Socket | null }; outgoing?: unknown } | undefined;
-  const out = e?.outgoing;
-  if (out instanceof http2.Http2ServerResponse) return out.stream.destroyed || out.stream.closed;
-  if (out instanceof http.ServerResponse) return out.destroyed || e?.incoming?.socket?.destroyed === true;
-  return false;
-}
-
 export function whenDoneNode(env: unknown, done: (reusable: boolean) => void): boolean {
-  const e = env as { incoming?: { socket?: net.Socket | null }; outgoing?: unknown } | undefined;
-  const out = e?.outgoing;
-  let target: http2.ServerHttp2Stream | http.ServerResponse;
-  // HTTP/1.1 only: a pipelined response waiting behind another hears nothing when the socket
-  // dies (no close, no finish), so the socket's own close ends it too.
-  let socket: net.Socket | undefined;
-  if (out instanceof http2.Http2ServerResponse) target = out.stream;
-  else if (out instanceof http.ServerResponse) {
-    target = out;
-    socket = e?.incoming?.socket ?? undefined;
-  } else return false;
+  const r = nodeResponse(env);
+  if (!r) return false;
   // Already over: the client left while the batch was assembled, and `close` has fired.
-  if (clientGoneNode(env)) {
+  if (r.gone) {
     done(false);
     return true;
   }
+  const { target, socket } = r;
   let over = false;
   const end = (reusable: boolean) => {
     if (over) return;

@@ -9,7 +9,7 @@
 import * as fs from "node:fs";
 import * as net from "node:net";
 import { setImmediate } from "node:timers";
-import { assembleSamples, cacheState, ITEM_SIZE } from "../batch/assemble-batch.ts";
+import { assembleSamples, bodyBytes, cacheState } from "../batch/assemble-batch.ts";
 import type { BatchStats } from "../batch/batch-stats.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../batch/dataset-catalog.ts";
 import { type ReadAhead, stepSamples } from "../batch/read-ahead.ts";
@@ -390,7 +390,7 @@ class ShmConnection {
     const lastStep = Math.floor(reg.dataset.numSamples / (world * microBatch));
     const endStep = m.endStep === undefined ? lastStep : Math.min(int(m, "endStep", 0, Number.MAX_SAFE_INTEGER), lastStep);
     const cols = reg.dataset.windowLength;
-    const batchBytes = microBatch * cols * ITEM_SIZE[reg.dataset.dtype];
+    const batchBytes = bodyBytes(reg, microBatch);
     if (batchBytes > this.#o.maxBatchBytes) {
       this.#fail("BAD_REQUEST", 400, `A batch of ${microBatch} × ${cols} tokens = ${batchBytes} bytes exceeds --max-batch-bytes (${this.#o.maxBatchBytes})`);
       return;

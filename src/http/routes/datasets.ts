@@ -2,7 +2,7 @@
 
 import type { Context, Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { assembleSamples, cacheState, ITEM_SIZE } from "../../batch/assemble-batch.ts";
+import { assembleSamples, bodyBytes, cacheState } from "../../batch/assemble-batch.ts";
 import type { BatchBodyPool } from "../../batch/body-pool.ts";
 import type { ClientGone, WhenDone } from "../../runtime/listener.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../../batch/dataset-catalog.ts";
@@ -139,11 +139,12 @@ async function batchResponse(
   request: () => string,
 ): Promise<Response> {
   const t0 = deps.now();
-  const bytes = count * reg.dataset.windowLength * ITEM_SIZE[reg.dataset.dtype];
+  const bodies = deps.bodies;
+  const bytes = bodyBytes(reg, count);
   // Too large a body is refused by the assembly; it is not leased. Waiting for a lease (the
   // bound on bodies in flight) counts in the batch's time: it is time the trainer waits.
-  const lease = deps.bodies && bytes <= deps.maxBatchBytes ? await deps.bodies.pool.lease(bytes) : undefined;
-  if (lease && deps.bodies!.clientGone?.(c.env)) {
+  const lease = bodies && bytes <= deps.maxBatchBytes ? await bodies.pool.lease(bytes) : undefined;
+  if (lease && bodies?.clientGone?.(c.env)) {
     // Its client left while it waited for room: nobody can receive it, so nothing is assembled.
     // Not an error (nothing logged, no error answer); the runtime drops this empty reply.
     lease.abandon();
@@ -157,7 +158,7 @@ async function batchResponse(
     // leaves), and a body back in the pool must not be written by a late copy. Back to the pool
     // only when nothing reads it any more: the next batch of this size overwrites it. Where the
     // runtime cannot tell (no bindings), the lease ends now and the body is not reused.
-    if (lease && !deps.bodies!.whenDone(c.env, lease.end)) lease.end(false);
+    if (lease && !bodies?.whenDone(c.env, lease.end)) lease.end(false);
   } catch (e) {
     lease?.end(false); // a failed assembly copies nothing later; the body is simply not reused
     throw e;
