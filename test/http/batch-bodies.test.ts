@@ -84,6 +84,18 @@ function holdingRelay(target: string): Promise<{ url: string; hold(on: boolean):
   });
 }
 
+/** A GET over node:http (not fetch: through the relay, as a plain client); resolves with the whole body. */
+function getBody(url: string): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    get(url, (res) => {
+      const chunks: Buffer[] = [];
+      res.on("data", (d: Buffer) => chunks.push(d));
+      res.on("end", () => resolve(Buffer.concat(chunks)));
+      res.on("error", reject);
+    }).on("error", reject);
+  });
+}
+
 /** Lets the server run for `ms` (its writes may complete meanwhile, if they can). */
 const settle = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -95,21 +107,13 @@ describe("reused HTTP batch bodies", () => {
     const relay = await holdingRelay(rf.url);
     try {
       relay.hold(true);
-      const chunks: Buffer[] = [];
-      const done = new Promise<void>((resolve, reject) => {
-        get(`${relay.url}${batchPath(1, BIG)}`, (res) => {
-          res.on("data", (d: Buffer) => chunks.push(d));
-          res.on("end", () => resolve());
-          res.on("error", reject);
-        }).on("error", reject);
-      });
+      const done = getBody(`${relay.url}${batchPath(1, BIG)}`);
       await settle(400);
       // The server has assembled the body but cannot write it all out: it is not in the pool.
       const held = takeOne(before);
       expect(await poolBytes()).toBe(held);
       relay.hold(false);
-      await done;
-      expectSameBytes(Buffer.concat(chunks), want, "batch through the held relay");
+      expectSameBytes(await done, want, "batch through the held relay");
       await waitFor(async () => (await poolBytes()) === held + BIG_BYTES, "the body back in the pool");
       // The next batch of that size is assembled into it, with its own bytes.
       const again = new Uint8Array(await (await fetch(`${rf.url}${batchPath(2, BIG)}`)).arrayBuffer());
@@ -218,14 +222,7 @@ describe("reused HTTP batch bodies", () => {
     const relay = await holdingRelay(bounded.url);
     try {
       relay.hold(true);
-      const held = [6, 7].map((step) => new Promise<Buffer>((resolve, reject) => {
-        get(`${relay.url}${batchPath(step, BIG)}`, (res) => {
-          const chunks: Buffer[] = [];
-          res.on("data", (d: Buffer) => chunks.push(d));
-          res.on("end", () => resolve(Buffer.concat(chunks)));
-          res.on("error", reject);
-        }).on("error", reject);
-      }));
+      const held = [6, 7].map((step) => getBody(`${relay.url}${batchPath(step, BIG)}`));
       await waitFor(async () => (await bounded.metric("rackfeed_batch_inflight_bytes")) === 2 * BIG_BYTES, "two bodies in flight");
       let third: Uint8Array | undefined;
       const thirdDone = fetch(`${bounded.url}${batchPath(8, BIG)}`).then(async (r) => (third = new Uint8Array(await r.arrayBuffer())));
