@@ -350,7 +350,10 @@ describe("adaptive stream read-ahead", () => {
     const chunks: Uint8Array[] = [];
     for await (const chunk of cache.readRange(gw, "near.bin", info, 0, info.size)) {
       chunks.push(chunk.slice());
-      await new Promise((r) => setTimeout(r, 15)); // consuming a block takes longer than fetching one
+      // Consuming a block takes longer than fetching one: the reader goes on only once every
+      // fill it started has landed (waiting on the fills, not on a timer, so a loaded machine
+      // cannot make the origin look slower than the reader).
+      await waitFor(async () => cache.stats().inFlight === 0, "the read-ahead fills to land");
     }
     expectSameBytes(Buffer.concat(chunks), body);
     expect(cache.stats().streamStalls).toBe(0);
