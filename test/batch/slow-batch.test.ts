@@ -1,8 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { blockIndex, planSamples } from "../../src/batch/assemble-batch.ts";
 import { type BatchCost, classifySlowBatch } from "../../src/batch/batch-stats.ts";
+import { stepSamples } from "../../src/batch/read-ahead.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import type { ObjectInfo } from "../../src/origin/origin.ts";
-import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { putSyntheticDataset } from "../helpers/token-data.ts";
 
 const base: BatchCost = {
@@ -32,11 +34,29 @@ describe("classifySlowBatch", () => {
   });
 });
 
+const BLOCK = 4096; // --block-bytes below
+
+/**
+ * An fs origin whose every read takes `delayMs`. While held (`hold`), a read of a `.bin` block
+ * not in the given set first waits for `release()`, then takes its `delayMs` as usual.
+ */
 class SlowOrigin extends FsOrigin {
+  #gate: { pass: ReadonlySet<number>; opened: Promise<void>; open: () => void } | undefined;
   constructor(root: string, readonly delayMs: number) {
     super({ name: "data", root });
   }
+  hold(pass: ReadonlySet<number>): void {
+    let open!: () => void;
+    const opened = new Promise<void>((r) => (open = r));
+    this.#gate = { pass, opened, open };
+  }
+  release(): void {
+    this.#gate?.open();
+    this.#gate = undefined;
+  }
   override async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
+    const gate = this.#gate;
+    if (gate && key.endsWith(".bin") && !gate.pass.has(Math.floor(offset / BLOCK))) await gate.opened;
     await new Promise((r) => setTimeout(r, this.delayMs));
     return await super.read(key, info, offset, dest);
   }
@@ -53,13 +73,17 @@ afterAll(async () => {
 });
 
 let servers = 0;
-async function withServer(args: string[], fn: (rf: RunningServer, logs: string[]) => Promise<void>): Promise<void> {
+async function withServer(
+  args: string[],
+  fn: (rf: RunningServer, logs: string[]) => Promise<void>,
+  origin = new SlowOrigin(ws.origin, 120),
+): Promise<void> {
   const logs: string[] = [];
   const rf = await startServer(
     ws,
     // A fresh NVMe tier per server: a warm one would turn origin reads into disk reads.
-    ["--admin-token", ADMIN, "--block-bytes", "4KiB", "--slow-batch", "40ms", "--cache-dir", `${ws.cache}-${++servers}`, ...args],
-    { makeOrigin: () => new SlowOrigin(ws.origin, 120), log: (m) => logs.push(m) },
+    ["--admin-token", ADMIN, "--block-bytes", String(BLOCK), "--slow-batch", "40ms", "--cache-dir", `${ws.cache}-${++servers}`, ...args],
+    { makeOrigin: () => origin, log: (m) => logs.push(m) },
   );
   try {
     const res = await fetch(`${rf.url}/v1/datasets/d`, {
@@ -90,17 +114,31 @@ describe("slow batches in a running server", () => {
   });
 
   it("are attributed to the origin when read-ahead had already started the fills", async () => {
+    const origin = new SlowOrigin(ws.origin, 120);
     await withServer([], async (rf) => {
+      const reg = await rf.server.datasets.get("d");
+      const blocksOf = (step: number) => new Set(planSamples(reg, stepSamples(step, 0, 1, 4), 4, BLOCK).blocks.map(blockIndex));
+      const step0 = blocksOf(0);
+      expect([...blocksOf(1)].some((b) => !step0.has(b)), "step 1 needs blocks that step 0 does not").toBe(true);
+      // Batch 0's own reads pass; the fills read-ahead starts for steps 1 and 2 stay at the
+      // origin until batch 1 waits on them (not a race between the origin and the next request).
+      origin.hold(step0);
       await batch(rf, 0); // cold: read-ahead starts steps 1 and 2
-      await batch(rf, 1); // its fills are still waiting for the slow origin
+      const coalesced = rf.server.cache.stats().coalesced;
+      const second = batch(rf, 1);
+      await waitFor(async () => rf.server.cache.stats().coalesced > coalesced, "batch 1 to wait on read-ahead's fills");
+      origin.release(); // its fills are still waiting for the slow origin: 120 ms more
+      await second;
       expect(await rf.metric("rackfeed_slow_batches_total", { cause: "origin_slow" })).toBe(1);
-    });
+    }, origin);
   });
 
   it("count per-dataset block sources, bytes and consumers", async () => {
     await withServer([], async (rf) => {
       await batch(rf, 0);
-      await new Promise((r) => setTimeout(r, 400)); // read-ahead lands step 1
+      // Read-ahead started the fills of steps 1 and 2 before batch 0 was answered: wait until
+      // they have landed (on a loaded machine a fixed pause could end before the slow origin's reads).
+      await waitFor(async () => rf.server.cache.stats().inFlight === 0, "read-ahead's fills to land");
       await batch(rf, 1);
       const origin = await rf.metric("rackfeed_dataset_blocks_total", { dataset: "d", source: "origin" });
       const memory = await rf.metric("rackfeed_dataset_blocks_total", { dataset: "d", source: "memory" });
