@@ -156,8 +156,13 @@ describe("shared-memory fast path", () => {
     const { slots } = decodeRingHeader(readFileSync(join(shmDir, rings()[0])).subarray(0, RING_HEADER_BYTES));
     expect(slots).toBeGreaterThanOrEqual(3);
     expect(slots).toBeLessThan(200);
-    await sleep(300); // the consumer holds step 0; the server may fill the other slots, then must wait
-    expect(await rf.metric("rackfeed_served_bytes_total", { transport: "shm" })).toBe(before + slots * batchBytes);
+    // The consumer holds step 0: the server fills the other slots (however long a loaded
+    // machine takes), then must wait; nothing more is written while the consumer holds on.
+    const full = before + slots * batchBytes;
+    const served = () => rf.metric("rackfeed_served_bytes_total", { transport: "shm" });
+    await waitFor(async () => (await served()) >= full, "the server to fill every slot of the ring");
+    await sleep(300);
+    expect(await served()).toBe(full);
     let n = 1;
     for await (const b of { [Symbol.asyncIterator]: () => it }) expect(b.step).toBe(n++);
     expect(n).toBe(200);
