@@ -99,6 +99,16 @@ function getBody(url: string): Promise<Buffer> {
 /** Lets the server run for `ms` (its writes may complete meanwhile, if they can). */
 const settle = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+/**
+ * Waits until `rf` has leased the body of the one `BIG` batch requested (however long a loaded
+ * machine takes to get there), then lets it run 400 ms more: time to write what it can, and to
+ * give the body back if it wrongly did so before the reader has every byte.
+ */
+async function leasedAndSettled(): Promise<void> {
+  await waitFor(async () => (await rf.metric("rackfeed_batch_inflight_bytes")) === BIG_BYTES, "the server to lease the batch's body");
+  await settle(400);
+}
+
 describe("reused HTTP batch bodies", () => {
   it("gives an HTTP/1.1 body back only after a stalled reader has taken every byte, and reuses it", async () => {
     const want = await reference(1, BIG);
@@ -108,7 +118,7 @@ describe("reused HTTP batch bodies", () => {
     try {
       relay.hold(true);
       const done = getBody(`${relay.url}${batchPath(1, BIG)}`);
-      await settle(400);
+      await leasedAndSettled();
       // The server has assembled the body but cannot write it all out: it is not in the pool.
       const held = takeOne(before);
       expect(await poolBytes()).toBe(held);
@@ -149,7 +159,7 @@ describe("reused HTTP batch bodies", () => {
             req.on("error", reject);
           });
           req.end();
-          await settle(400);
+          await leasedAndSettled();
           const held = takeOne(before);
           expect(await poolBytes(), mode).toBe(held);
           relay.hold(false);
@@ -190,7 +200,7 @@ describe("reused HTTP batch bodies", () => {
           req.on("error", () => {});
           abandon = () => req.destroy();
         }
-        await settle(400);
+        await leasedAndSettled();
         const held = takeOne(before);
         expect(await poolBytes(), proto).toBe(held);
         // The client goes away while the server still has most of the body to write.
