@@ -169,13 +169,23 @@ Deno.test("reuses HTTP batch bodies once Deno has completed their responses; con
     await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
       await register(url, dir);
       const poolBytes = async () => Number(/rackfeed_batch_body_pool_bytes (\d+)/.exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+      const inflightBytes = async () => Number(/rackfeed_batch_inflight_bytes (\d+)/.exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
       const { port } = new URL(url);
       const conn = await Deno.connect({ hostname: "127.0.0.1", port: Number(port) });
       let read = false;
       try {
         await conn.write(new TextEncoder().encode(`GET ${path(1, BIG)} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`));
-        await new Promise((ok) => setTimeout(ok, 400));
-        if (kind === "stream") assert.equal(await poolBytes(), 0, "the stalled response's body is in the pool");
+        // Waits on the server, not a fixed pause: on a loaded machine a cold 16 MiB batch can
+        // take longer than any pause to be leased, assembled and answered.
+        if (kind === "stream") {
+          await waitUntil(async () => (await inflightBytes()) > 0, "the server to lease the stalled batch's body");
+          await new Promise((ok) => setTimeout(ok, 400)); // time to assemble it, and wrongly give it back
+          assert.equal(await poolBytes(), 0, "the stalled response's body is in the pool");
+        } else {
+          // Deno copies a Uint8Array body before it completes the response: the body comes back
+          // while the reader still stalls (it never does if Deno stops copying: the canary).
+          await waitUntil(async () => (await poolBytes()) > 0, "the copied body back in the pool while its reader stalls");
+        }
         const res2 = await fetch(`${url}${path(2, BIG)}`);
         assert.equal(res2.status, 200);
         const other = new Uint8Array(await res2.arrayBuffer());
