@@ -219,16 +219,20 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
       return { kind: "delay", ms: 10 };
     });
     const rf = await startBehind(p.url, ["--origin-hedge", "3", "--origin-concurrency", "4"]);
-    const t0 = performance.now();
     // Block by block, so the hedge delay has samples from earlier blocks.
+    let slowest = 0;
     for (let i = 0; i * BLOCK < SIZE; i++) {
       const a = i * BLOCK;
       const b = Math.min(SIZE, a + BLOCK) - 1;
+      const t0 = performance.now();
       const r = await fetch(`${rf.url}/v1/objects/s3/obj.bin`, { headers: { range: `bytes=${a}-${b}` } });
       expectSameBytes(new Uint8Array(await r.arrayBuffer()), data.subarray(a, b + 1), `block ${i}`);
+      slowest = Math.max(slowest, performance.now() - t0);
     }
     expect(slowDone).toBe(true);
-    expect(performance.now() - t0).toBeLessThan(2500);
+    // The block with the 3 s part did not wait for it. (Timed per block, not over all seven: on a
+    // loaded machine the others' ordinary reads need not eat into the margin.)
+    expect(slowest).toBeLessThan(2500);
     expect(await rf.metric("rackfeed_origin_hedged_requests_total", { origin: "s3", won: "true" })).toBeGreaterThanOrEqual(1);
   });
 
