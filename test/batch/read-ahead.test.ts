@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { syntheticDataset } from "../helpers/token-data.ts";
 
 const ADMIN = "admin-token-for-tests";
@@ -32,7 +32,8 @@ async function withServer(args: string[], fn: (rf: RunningServer) => Promise<voi
 }
 
 /**
- * A trainer that takes `steps` steps of `stepMs` compute each; returns the x-rackfeed-cache of
+ * A trainer that takes `steps` steps of `stepMs` compute each (at least until the fills in flight
+ * have landed); returns the x-rackfeed-cache of
  * each batch. With `noiseBytes`, another client streams that much of an unrelated object through
  * the memory tier during each step.
  */
@@ -49,6 +50,10 @@ async function trainer(rf: RunningServer, steps: number, stepMs: number, noiseBy
       await (await fetch(`${rf.url}/v1/objects/data/noise.bin`, { headers: { range: `bytes=${noiseAt}-${end}` } })).arrayBuffer();
       noiseAt = (noiseAt + noiseBytes) % (8 * 2 ** 20);
     }
+    // The step's compute outlasts the fills read-ahead started: it ends only once they have
+    // landed (on a loaded machine a fixed pause alone could end first, and a batch that read-ahead
+    // did warm would be counted as "filling").
+    await waitFor(async () => rf.server.cache.stats().inFlight === 0, "read-ahead's fills to land");
     await new Promise((r) => setTimeout(r, stepMs));
   }
   return seen;
