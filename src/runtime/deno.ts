@@ -55,11 +55,11 @@ export interface DenoBindings {
 }
 
 /**
- * `WhenDone` on Deno: `info.completed`. Deno copies a `Uint8Array` body before completing, and
- * completes a stream body only once it has been read and written (both checked: a body
- * overwritten at completion reached a stalled reader unchanged), and also when an HTTP/1.1
- * connection is gone; it rejects when an HTTP/2 stream with a stream body is reset, which ends
- * the lease as not reusable.
+ * `WhenDone` on Deno: `info.completed`. Deno completes a stream body (what `denoBody` sends) only
+ * once it has been read and written, and also when an HTTP/1.1 connection is gone; it rejects
+ * when an HTTP/2 stream with a stream body is reset, which ends the lease as not reusable. (A
+ * `Uint8Array` body Deno copies first and completes at once, which would let a slow reader's
+ * copy escape the in-flight bound.)
  *
  * @param env the bindings `listenDeno` passes (`DenoBindings`)
  * @param done called once: `done(true)` when the body may be reused, `done(false)` otherwise
@@ -137,16 +137,16 @@ export function isAlive(pid: number): boolean {
 }
 
 /**
- * The cheaper body for Deno, measured with wrk on this code (bench/RESULTS.md): a small body as a
- * one-chunk stream (Deno copies a `Uint8Array` body; a stream chunk goes out as is — 64 KiB:
- * +27% req/s), a large one as the `Uint8Array` (1 MiB: the stream path was 20% slower).
+ * How Deno sends one view of bytes (a cached block, a batch body): as a one-chunk stream, never
+ * as the `Uint8Array` itself. Deno copies a `Uint8Array` body and then reports the response
+ * complete while a slow reader still holds the copy, outside every bound of ours; a stream chunk
+ * goes out as is, and `info.completed` waits until it is written, so the batch bodies in flight
+ * stay within `--batch-inflight-bytes`. It is also the faster body at every size measured
+ * (bench/RESULTS.md transport "Session 8": 1 and 8 MiB objects and batches, HTTP/1.1 and h2c).
  */
 export function denoBody(bytes: Uint8Array): BodyInit {
-  return bytes.length <= STREAM_BODY_MAX ? oneChunkStream(bytes) : (bytes as Uint8Array<ArrayBuffer>);
+  return oneChunkStream(bytes);
 }
-
-/** Largest body `denoBody` sends as a one-chunk stream. */
-export const STREAM_BODY_MAX = 256 * 1024;
 
 /** A body of one chunk: the cached view itself, never copied or detached. */
 export function oneChunkStream(bytes: Uint8Array): ReadableStream<Uint8Array> {

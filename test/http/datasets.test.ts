@@ -65,6 +65,7 @@ describe("token datasets are sample-for-sample identical to megatron-core (share
         expect(res.headers.get("x-rackfeed-first-sample")).toBe(String(start));
         const dtype = res.headers.get("x-rackfeed-dtype");
         const buf = await res.arrayBuffer();
+        expect(res.headers.get("content-length")).toBe(String(buf.byteLength)); // a client can size its buffer up front
         const tokens = dtype === "uint16" ? new Uint16Array(buf) : new Int32Array(buf);
         expect(tokens.length).toBe(count * w);
         const wide = new BigInt64Array(w);

@@ -170,6 +170,7 @@ async function batchResponse(
   deps.served.add(httpTransport(c.env), batch.body.length);
   return c.body(deps.wrapBody(batch.body) as ReadableStream | Uint8Array<ArrayBuffer>, 200, {
     "content-type": "application/octet-stream",
+    "content-length": String(batch.body.length),
     "x-rackfeed-dtype": batch.dtype,
     "x-rackfeed-shape": `${batch.shape[0]},${batch.shape[1]}`,
     "x-rackfeed-first-sample": String(first),

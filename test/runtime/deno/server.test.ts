@@ -145,7 +145,6 @@ Deno.test("reuses HTTP batch bodies once Deno has completed their responses; con
     assert.equal(put.status, 201);
   };
   const path = (step: number, mb: number) => `/v1/datasets/p/batches/${step}?rank=0&world=1&micro_batch=${mb}`;
-  // Both body kinds of denoBody: up to 256 KiB a one-chunk stream, above it a Uint8Array.
   const jobs = Array.from({ length: 60 }, (_, i) => ({ step: (i * 5) % 11, mb: [8, 24, 300][i % 3], slow: i % 4 === 0 }));
   const want = new Map<string, Uint8Array>();
   const BIG = 2048; // ~16 MiB: more than the socket buffers hold for a reader that stops
@@ -159,74 +158,52 @@ Deno.test("reuses HTTP batch bodies once Deno has completed their responses; con
       want.set(k, new Uint8Array(await res.arrayBuffer()));
     }
   });
-  // A stalled reader of a stream body (zero-copy, so Deno reads the pool's memory while it writes):
-  // the body must stay out of the pool until the reader is done, or the next batch of that size
-  // would be assembled into bytes the reader has not received yet.
-  // The same with a Uint8Array body (what denoBody sends above 256 KiB): Deno copies it, so the
-  // body may come back at once, and the reader must still get its own bytes (a canary for a
-  // Deno that stops copying).
-  for (const kind of ["stream", "bytes"] as const) {
-    await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
-      await register(url, dir);
-      const poolBytes = async () => Number(/rackfeed_batch_body_pool_bytes (\d+)/.exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
-      const inflightBytes = async () => Number(/rackfeed_batch_inflight_bytes (\d+)/.exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
-      const { port } = new URL(url);
-      const conn = await Deno.connect({ hostname: "127.0.0.1", port: Number(port) });
-      let read = false;
-      try {
-        await conn.write(new TextEncoder().encode(`GET ${path(1, BIG)} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`));
-        // Waits on the server, not a fixed pause: on a loaded machine a cold 16 MiB batch can
-        // take longer than any pause to be leased, assembled and answered.
-        if (kind === "stream") {
-          await waitUntil(async () => (await inflightBytes()) > 0, "the server to lease the stalled batch's body");
-          await new Promise((ok) => setTimeout(ok, 400)); // time to assemble it, and wrongly give it back
-          assert.equal(await poolBytes(), 0, "the stalled response's body is in the pool");
-        } else {
-          // Deno copies a Uint8Array body before it completes the response: the body comes back
-          // while the reader still stalls (it never does if Deno stops copying: the canary).
-          await waitUntil(async () => (await poolBytes()) > 0, "the copied body back in the pool while its reader stalls");
-        }
-        const res2 = await fetch(`${url}${path(2, BIG)}`);
-        assert.equal(res2.status, 200);
-        const other = new Uint8Array(await res2.arrayBuffer());
-        assert.ok(Buffer.compare(other, want.get(`2/${BIG}`)!) === 0, "the second big batch differs from the reference");
-        if (kind === "bytes") {
-          // Deno copied the first body, so the second batch was assembled into it: the canary is live.
-          const reused = Number(/rackfeed_batch_bodies_total\{source="pool"\} (\d+)/.exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? 0);
-          assert.equal(reused, 1, "the second big batch did not reuse the first one's body");
-        }
-        const raw = new Uint8Array(await new Response(conn.readable).arrayBuffer()); // closes conn
-        let head = 0;
-        while (!(raw[head] === 13 && raw[head + 1] === 10 && raw[head + 2] === 13 && raw[head + 3] === 10)) head++;
-        const text = new TextDecoder().decode(raw.subarray(0, head));
-        assert.match(text, /^HTTP\/1\.1 200/);
-        const body: Uint8Array[] = [];
-        if (/transfer-encoding: chunked/i.test(text)) {
-          let at = head + 4;
-          for (;;) {
-            let eol = at;
-            while (raw[eol] !== 13) eol++;
-            const n = parseInt(new TextDecoder().decode(raw.subarray(at, eol)), 16);
-            if (n === 0) break;
-            body.push(raw.subarray(eol + 2, eol + 2 + n));
-            at = eol + 2 + n + 2;
-          }
-        } else body.push(raw.subarray(head + 4));
-        assert.ok(Buffer.compare(Buffer.concat(body), want.get(`1/${BIG}`)!) === 0, `the stalled reader's batch was overwritten (${kind} body)`);
-        read = true;
-      } finally {
-        // A failed check must not leave the stalled connection holding the server's shutdown.
-        if (!read) {
-          try {
-            conn.close();
-          } catch {
-            // already closed by reading it to the end
-          }
+  // A stalled reader of a big batch, with room in flight for one such batch only. denoBody sends
+  // the pool's memory itself (a stream chunk), so the body must stay leased until the reader is
+  // done: out of the pool (else the next batch of that size would be assembled into bytes the
+  // reader has not received yet), and counted in flight (else Deno would hold it, or a copy of
+  // it, outside the bound: the next big batch must wait instead of being assembled).
+  const bigBytes = BIG * 4097 * 2;
+  await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB", "--max-batch-bytes", "24MiB", "--batch-inflight-bytes", "24MiB"], async (url, dir) => {
+    await register(url, dir);
+    const gauge = async (name: string) => Number(new RegExp(`^${name} (\\d+)$`, "m").exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+    const { port } = new URL(url);
+    const conn = await Deno.connect({ hostname: "127.0.0.1", port: Number(port) });
+    let read = false;
+    try {
+      await conn.write(new TextEncoder().encode(`GET ${path(1, BIG)} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`));
+      // Waits on the server, not a fixed pause: on a loaded machine a cold 16 MiB batch can
+      // take longer than any pause to be leased, assembled and answered.
+      await waitUntil(async () => (await gauge("rackfeed_batch_inflight_bytes")) === bigBytes, "the server to lease the stalled batch's body");
+      const second = fetch(`${url}${path(2, BIG)}`);
+      await waitUntil(async () => (await gauge("rackfeed_batch_waiting")) === 1, "the second big batch to wait for room");
+      await new Promise((ok) => setTimeout(ok, 300)); // time to wrongly give the stalled body back
+      assert.equal(await gauge("rackfeed_batch_body_pool_bytes"), 0, "the stalled response's body is in the pool");
+      assert.equal(await gauge("rackfeed_batch_waiting"), 1, "the second big batch did not wait for the stalled one");
+      const raw = new Uint8Array(await new Response(conn.readable).arrayBuffer()); // closes conn
+      read = true;
+      let head = 0;
+      while (!(raw[head] === 13 && raw[head + 1] === 10 && raw[head + 2] === 13 && raw[head + 3] === 10)) head++;
+      const text = new TextDecoder().decode(raw.subarray(0, head));
+      assert.match(text, /^HTTP\/1\.1 200/);
+      assert.match(text, new RegExp(`content-length: ${bigBytes}`, "i"));
+      assert.ok(Buffer.compare(raw.subarray(head + 4), want.get(`1/${BIG}`)!) === 0, "the stalled reader's batch was overwritten");
+      const res2 = await second;
+      assert.equal(res2.status, 200);
+      assert.ok(Buffer.compare(new Uint8Array(await res2.arrayBuffer()), want.get(`2/${BIG}`)!) === 0, "the second big batch differs from the reference");
+    } finally {
+      // A failed check must not leave the stalled connection holding the server's shutdown.
+      if (!read) {
+        try {
+          conn.close();
+        } catch {
+          // already closed by reading it to the end
         }
       }
-      await waitUntil(async () => (await poolBytes()) > 0, "the body back in the pool once read");
-    }, { whenDone: whenDoneDeno, wrapBody: kind === "stream" ? oneChunkStream : (b: Uint8Array) => b as Uint8Array<ArrayBuffer> });
-  }
+    }
+    await waitUntil(async () => (await gauge("rackfeed_batch_body_pool_bytes")) > 0, "the body back in the pool once read");
+    assert.equal(await gauge("rackfeed_batch_inflight_bytes"), 0);
+  }, { whenDone: whenDoneDeno, wrapBody: denoBody });
   await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
     await register(url, dir);
     const read = async (j: (typeof jobs)[number]) => {
