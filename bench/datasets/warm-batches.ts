@@ -18,6 +18,9 @@
  * the SDK with prefetch 3, which the server deepens to a 4 MiB ring for these 64 KiB batches;
  * Deno and Node clients both map the ring and poll its slot headers), latency is t_wait: how
  * long the trainer's `next()` blocked; every batch's sha256 is checked against numpy's.
+ * A second line beside the baseline, "one copy alone", is the limit of rackfeed's design here:
+ * the same pieces copied once each, memory to memory, in this process (see `copyRun`); the shm
+ * path pays that copy plus planning and its transport.
  */
 
 import { spawnSync } from "node:child_process";
@@ -91,6 +94,43 @@ function numpyRun(ds: BenchDataset, prefix: string, plan: string, window: number
   if (p.status !== 0) throw new Error(`numpy_gather.py failed (${p.status ?? p.signal}); is python3-numpy installed?`);
   const j = JSON.parse(readFileSync(out, "utf8"));
   return { r: { batchesPerS: j.batches / j.seconds, lat: sortedCopy(j.latencies), misses: 0 }, hashes: j.hashes, version: j.numpy };
+}
+
+/**
+ * The physical limit of the one-copy design on this machine: the batches' pieces (the same plan
+ * numpy gathers) copied, one `TypedArray.set` each, from the `.bin` held in this process's memory
+ * (anonymous pages, as rackfeed's memory tier holds blocks) into a ring of 64 batch-sized slots
+ * (as the shm server writes). No planning, no bookkeeping, no transport: what is left is the memory
+ * system's cost of the copy every transport must make.
+ */
+function copyRun(ds: BenchDataset, prefix: string, plan: string, window: number): Result {
+  const bin = readFileSync(`${prefix}.bin`);
+  const raw = new Float64Array(readFileSync(plan).buffer.slice(0));
+  const bodyBytes = MICRO_BATCH * window * ds.itemSize;
+  const ring = new Uint8Array(64 * bodyBytes);
+  const lat = new Float64Array(STEPS * PASSES);
+  const pass = (timed: number) => {
+    let k = 0;
+    for (let s = 0; s < STEPS; s++) {
+      const t0 = performance.now();
+      let at = (s % 64) * bodyBytes;
+      for (let j = 0; j < MICRO_BATCH; j++) {
+        const n = raw[k++];
+        for (let p = 0; p < n; p++) {
+          const from = raw[k++], len = raw[k++] * ds.itemSize;
+          ring.set(bin.subarray(from, from + len), at);
+          at += len;
+        }
+      }
+      if (at !== (s % 64) * bodyBytes + bodyBytes) throw new Error(`copy alone: step ${s} gathered ${at - (s % 64) * bodyBytes} bytes, expected ${bodyBytes}`);
+      if (timed >= 0) lat[timed * STEPS + s] = (performance.now() - t0) / 1000;
+    }
+  };
+  pass(-1); // untimed: pages of the copy in memory, code optimised
+  const t0 = performance.now();
+  for (let p = 0; p < PASSES; p++) pass(p);
+  const seconds = (performance.now() - t0) / 1000;
+  return { batchesPerS: (STEPS * PASSES) / seconds, lat: lat.sort(), misses: 0 };
 }
 
 function batchUrl(base: string, name: string, step: number): URL {
@@ -204,6 +244,7 @@ async function main(): Promise<void> {
         const np = numpyRun(ds, prefix, plan, window);
         numpyVersion = np.version;
         push(`${ds.name}/numpy`, np.r);
+        push(`${ds.name}/copy`, copyRun(ds, prefix, plan, window));
         for (const rt of ["deno", "node"] as const) {
           const base = servers[rt].url;
           if (rep === 0) await warmAndCheck(base, ds.name, np.hashes, bodyBytes);
@@ -226,14 +267,18 @@ async function main(): Promise<void> {
   for (const ds of DATASETS) {
     const base = results.get(`${ds.name}/numpy`)!;
     const baseRate = median(base.map((r) => r.batchesPerS));
-    for (const target of ["numpy", "deno c=1", "node c=1", `deno c=${CONC}`, `node c=${CONC}`, "deno shm deno", "deno shm node", "node shm deno", "node shm node"]) {
+    for (const target of ["numpy", "copy", "deno c=1", "node c=1", `deno c=${CONC}`, `node c=${CONC}`, "deno shm deno", "deno shm node", "node shm deno", "node shm node"]) {
       const rs = results.get(`${ds.name}/${target}`)!;
       const rates = rs.map((r) => r.batchesPerS);
       const rate = median(rates);
       const mbps = (rate * MICRO_BATCH * (SEQ_LENGTH + 1) * ds.itemSize) / 1e6;
       rows.push([
         ds.name === "u16" ? "uint16" : "int32",
-        target === "numpy" ? "numpy memmap gather (baseline)" : target.includes("shm") ? `rackfeed ${target.replace(/ shm (\w+)/, " server, shm, $1 client")}` : `rackfeed ${target}`,
+        target === "numpy"
+          ? "numpy memmap gather (baseline)"
+          : target === "copy"
+          ? "one copy alone: the pieces, memory to memory, in process (the limit)"
+          : target.includes("shm") ? `rackfeed ${target.replace(/ shm (\w+)/, " server, shm, $1 client")}` : `rackfeed ${target}`,
         `${fmt(rate, 0)} (${fmt(Math.min(...rates), 0)}–${fmt(Math.max(...rates), 0)})`,
         fmt(mbps, 0),
         fmt(median(rs.map((r) => pct(r.lat, 50) * 1000)), 3),
