@@ -35,7 +35,15 @@ export function listenDeno(
         // A getter: Deno makes `completed` when it is first read, and rejects it when a stream
         // body is not delivered (a client that resets an HTTP/2 stream). Read for every request,
         // it went unhandled on routes that never look at it, and ended the process.
-        const env: DenoBindings = { get completed() { return info.completed; } };
+        const env: DenoBindings = {
+          get completed() {
+            return info.completed;
+          },
+          // A getter too: Deno makes the signal lazily, and a batch asks for it only when it waited.
+          get signal() {
+            return req.signal;
+          },
+        };
         return fetch(req, env);
       });
     } catch (e) {
@@ -52,6 +60,13 @@ export interface DenoBindings {
    * handle that.
    */
   readonly completed: Promise<void>;
+  /**
+   * The request's signal: Deno aborts it when the client goes (an HTTP/1.1 connection closed, an
+   * HTTP/2 stream reset or its connection closed), also while the handler still works. With
+   * `deno.json`'s `"unstable": ["no-legacy-abort"]` it is not aborted after a successful response
+   * (and Deno prints no warning about that).
+   */
+  readonly signal: AbortSignal;
 }
 
 /**
@@ -70,6 +85,16 @@ export function whenDoneDeno(env: unknown, done: (reusable: boolean) => void): b
   if (!completed) return false;
   completed.then(() => done(true), () => done(false));
   return true;
+}
+
+/**
+ * `ClientGone` on Deno: the request's signal is aborted (see `DenoBindings.signal`). Deno makes
+ * that signal only when it is first read, and a signal made after the client left is aborted only
+ * a moment later, so it is read here, before the wait, and probed after it.
+ */
+export function clientGoneDeno(env: unknown): () => boolean {
+  const signal = (env as Partial<DenoBindings> | undefined)?.signal;
+  return () => signal?.aborted === true;
 }
 
 /** The CLI host for Deno. */
@@ -97,6 +122,7 @@ export function denoHost(): CliHost {
     progressStream: Deno.stderr.isTerminal() ? nodeProcess.stderr : undefined,
     wrapBody: denoBody,
     whenDone: whenDoneDeno,
+    clientGone: clientGoneDeno,
     pid: Deno.pid,
     isAlive,
     // Getters: libc is opened only by commands that serve shm.

@@ -20,8 +20,12 @@ export interface Listener {
  */
 export type WhenDone = (env: unknown, done: (reusable: boolean) => void) => boolean;
 
-/** Whether the client of the request that `env` belongs to is gone already (its response can reach nobody). */
-export type ClientGone = (env: unknown) => boolean;
+/**
+ * Starts watching the client of the request that `env` belongs to, and returns a probe: whether
+ * that client is gone (its response can reach nobody). Called before a request waits, probed
+ * after: a runtime may notice a departure only once it has been asked to watch (Deno).
+ */
+export type ClientGone = (env: unknown) => () => boolean;
 
 /** Starts serving `fetch` on an address: HTTP/1.1 + h2c, or with `tls` HTTPS with ALPN h2/http1.1. */
 export type Listen = (

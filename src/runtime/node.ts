@@ -114,11 +114,13 @@ function nodeResponse(env: unknown): { target: http2.ServerHttp2Stream | http.Se
  * `ClientGone` on Node: the HTTP/2 stream is closed, or the HTTP/1.1 response or its socket is
  * destroyed (a pipelined response waiting behind another hears nothing else when the socket dies).
  *
+ * Node tracks it without being asked, so the probe reads it when called.
+ *
  * @param env Hono's `c.env` on @hono/node-server (`{ incoming, outgoing }`)
- * @returns whether nobody can receive the response any more
+ * @returns the probe: whether nobody can receive the response any more
  */
-export function clientGoneNode(env: unknown): boolean {
-  return nodeResponse(env)?.gone === true;
+export function clientGoneNode(env: unknown): () => boolean {
+  return () => nodeResponse(env)?.gone === true;
 }
 
 /**

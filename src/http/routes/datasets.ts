@@ -143,8 +143,11 @@ async function batchResponse(
   const bytes = bodyBytes(reg, count);
   // Too large a body is refused by the assembly; it is not leased. Waiting for a lease (the
   // bound on bodies in flight) counts in the batch's time: it is time the trainer waits.
-  const lease = bodies && bytes <= deps.maxBatchBytes ? await bodies.pool.lease(bytes) : undefined;
-  if (lease && bodies?.clientGone?.(c.env)) {
+  const leasing = bodies && bytes <= deps.maxBatchBytes;
+  // Watch the client only when the lease will wait: only then can it leave meanwhile.
+  const gone = leasing && bodies.pool.mustWait(bytes) ? bodies.clientGone?.(c.env) : undefined;
+  const lease = leasing ? await bodies.pool.lease(bytes) : undefined;
+  if (lease && gone?.()) {
     // Its client left while it waited for room: nobody can receive it, so nothing is assembled.
     // Not an error (nothing logged, no error answer); the runtime drops this empty reply.
     lease.abandon();

@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { Buffer } from "node:buffer";
 import { loadConfig } from "../../../src/config/load.ts";
-import { denoBody, listenDeno, oneChunkStream, whenDoneDeno } from "../../../src/runtime/deno.ts";
+import { clientGoneDeno, denoBody, listenDeno, oneChunkStream, whenDoneDeno } from "../../../src/runtime/deno.ts";
 import { createServer, type ServerEnv } from "../../../src/server.ts";
 
 async function waitUntil(cond: () => Promise<boolean>, what: string): Promise<void> {
@@ -163,6 +163,7 @@ Deno.test("reuses HTTP batch bodies once Deno has completed their responses; con
   // done: out of the pool (else the next batch of that size would be assembled into bytes the
   // reader has not received yet), and counted in flight (else Deno would hold it, or a copy of
   // it, outside the bound: the next big batch must wait instead of being assembled).
+  // Its waiters are served in order; one whose client left is skipped.
   const bigBytes = BIG * 4097 * 2;
   await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB", "--max-batch-bytes", "24MiB", "--batch-inflight-bytes", "24MiB"], async (url, dir) => {
     await register(url, dir);
@@ -175,11 +176,17 @@ Deno.test("reuses HTTP batch bodies once Deno has completed their responses; con
       // Waits on the server, not a fixed pause: on a loaded machine a cold 16 MiB batch can
       // take longer than any pause to be leased, assembled and answered.
       await waitUntil(async () => (await gauge("rackfeed_batch_inflight_bytes")) === bigBytes, "the server to lease the stalled batch's body");
+      // A client that leaves while its batch waits for room: its batch is not assembled when its
+      // turn comes (Deno aborts the request's signal), and the one behind it goes next.
+      const leaver = await Deno.connect({ hostname: "127.0.0.1", port: Number(port) });
+      await leaver.write(new TextEncoder().encode(`GET ${path(1, BIG)} HTTP/1.1\r\nHost: x\r\n\r\n`));
+      await waitUntil(async () => (await gauge("rackfeed_batch_waiting")) === 1, "the leaver's batch to wait for room");
+      leaver.close();
       const second = fetch(`${url}${path(2, BIG)}`);
-      await waitUntil(async () => (await gauge("rackfeed_batch_waiting")) === 1, "the second big batch to wait for room");
+      await waitUntil(async () => (await gauge("rackfeed_batch_waiting")) === 2, "the second big batch to wait for room");
       await new Promise((ok) => setTimeout(ok, 300)); // time to wrongly give the stalled body back
       assert.equal(await gauge("rackfeed_batch_body_pool_bytes"), 0, "the stalled response's body is in the pool");
-      assert.equal(await gauge("rackfeed_batch_waiting"), 1, "the second big batch did not wait for the stalled one");
+      assert.equal(await gauge("rackfeed_batch_waiting"), 2, "the big batches did not wait for the stalled one");
       const raw = new Uint8Array(await new Response(conn.readable).arrayBuffer()); // closes conn
       read = true;
       let head = 0;
@@ -203,7 +210,8 @@ Deno.test("reuses HTTP batch bodies once Deno has completed their responses; con
     }
     await waitUntil(async () => (await gauge("rackfeed_batch_body_pool_bytes")) > 0, "the body back in the pool once read");
     assert.equal(await gauge("rackfeed_batch_inflight_bytes"), 0);
-  }, { whenDone: whenDoneDeno, wrapBody: denoBody });
+    assert.equal(await gauge("rackfeed_batch_abandoned_total"), 1, "the leaver's batch was assembled although its client had left");
+  }, { whenDone: whenDoneDeno, clientGone: clientGoneDeno, wrapBody: denoBody });
   await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
     await register(url, dir);
     const read = async (j: (typeof jobs)[number]) => {
