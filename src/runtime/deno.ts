@@ -39,9 +39,14 @@ export function listenDeno(
           get completed() {
             return info.completed;
           },
-          // A getter too: Deno makes the signal lazily, and a batch asks for it only when it waited.
+          // A getter too: Deno makes the signal lazily; only batches watch it.
           get signal() {
             return req.signal;
+          },
+          // Deno.serve does not say which protocol a request came over: HTTP/1.1 requires a Host
+          // header, and Deno makes none from HTTP/2's :authority.
+          get httpVersion() {
+            return req.headers.has("host") ? "1.1" : "2";
           },
         };
         return fetch(req, env);
@@ -67,6 +72,8 @@ export interface DenoBindings {
    * (and Deno prints no warning about that).
    */
   readonly signal: AbortSignal;
+  /** "2" for an HTTP/2 request, else "1.1" (for `httpTransport`, the `transport` label of metrics). */
+  readonly httpVersion: "1.1" | "2";
 }
 
 /**
@@ -90,7 +97,7 @@ export function whenDoneDeno(env: unknown, done: (reusable: boolean) => void): b
 /**
  * `ClientGone` on Deno: the request's signal is aborted (see `DenoBindings.signal`). Deno makes
  * that signal only when it is first read, and a signal made after the client left is aborted only
- * a moment later, so it is read here, before the wait, and probed after it.
+ * a moment later, so it is read here, before any wait, and probed after it.
  */
 export function clientGoneDeno(env: unknown): () => boolean {
   const signal = (env as Partial<DenoBindings> | undefined)?.signal;

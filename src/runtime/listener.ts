@@ -22,7 +22,7 @@ export type WhenDone = (env: unknown, done: (reusable: boolean) => void) => bool
 
 /**
  * Starts watching the client of the request that `env` belongs to, and returns a probe: whether
- * that client is gone (its response can reach nobody). Called before a request waits, probed
+ * that client is gone (its response can reach nobody). Taken before a request may wait, probed
  * after: a runtime may notice a departure only once it has been asked to watch (Deno).
  */
 export type ClientGone = (env: unknown) => () => boolean;

@@ -197,9 +197,14 @@ describe("HTTP/2 on Deno", () => {
     await secure?.stop();
   });
 
-  it("serves h2c and HTTP/1.1 on one port", async () => {
+  it("serves h2c and HTTP/1.1 on one port, each counted under its own transport", async () => {
+    const served = async (transport: string) => readMetric(await (await fetch(`${plain.url}/metrics`)).text(), "rackfeed_served_bytes_total", { transport });
+    const [h1, h2] = [await served("http1"), await served("http2")];
     expect(await curl(["--http2-prior-knowledge", `${plain.url}/v1/objects/data/big.bin`])).toEqual({ version: "2", sha: sha(body) });
+    expect(await served("http2")).toBe(h2 + body.length);
     expect(await curl([`${plain.url}/v1/objects/data/big.bin`])).toEqual({ version: "1.1", sha: sha(body) });
+    expect(await served("http1")).toBe(h1 + body.length);
+    expect(await served("http2")).toBe(h2 + body.length);
   });
 
   it("stays up when a client resets an HTTP/2 stream whose body it never read", async () => {

@@ -143,18 +143,17 @@ async function batchResponse(
   const bytes = bodyBytes(reg, count);
   // Too large a body is refused by the assembly; it is not leased. Waiting for a lease (the
   // bound on bodies in flight) counts in the batch's time: it is time the trainer waits.
-  const leasing = bodies && bytes <= deps.maxBatchBytes;
-  // Watch the client only when the lease will wait: only then can it leave meanwhile.
-  const gone = leasing && bodies.pool.mustWait(bytes) ? bodies.clientGone?.(c.env) : undefined;
-  const lease = leasing ? await bodies.pool.lease(bytes) : undefined;
-  if (lease && gone?.()) {
-    // Its client left while it waited for room: nobody can receive it, so nothing is assembled.
-    // Not an error (nothing logged, no error answer); the runtime drops this empty reply.
-    lease.abandon();
-    return c.body(null, 204);
-  }
+  // The client is watched from before the wait (a runtime may notice a departure only once asked).
+  const gone = bodies?.clientGone?.(c.env);
+  const lease = bodies && bytes <= deps.maxBatchBytes ? await bodies.pool.lease(bytes) : undefined;
   let batch;
   try {
+    if (lease && gone?.()) {
+      // Its client left (usually while it waited for room): nobody can receive it, so nothing is
+      // assembled. Not an error (nothing logged, no error answer); the runtime drops this reply.
+      lease.abandon();
+      return c.body(null, 204);
+    }
     batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, deps.now, lease?.body);
     // The lease ends with the response. Registered only once the copy is over: a runtime may say
     // "done" as soon as the connection is gone (Deno resolves `completed` when an HTTP/1.1 client
