@@ -1,8 +1,9 @@
 // bench/transport: warm 1 MiB and 8 MiB bodies over HTTP/1.1 and HTTP/2 (h2c) from rackfeed on
-// Deno and Node, and over the shared-memory ring, beside two ceilings measured in the same run:
-// single-thread cache-hot memcpy of the batch size (the physical limit of a copy), and
-// rackfeed's own batch assembly in this process with no transport (the gather every transport
-// pays); the cost of a new ring's first write to each page (paid once per ring: each shm row
+// Deno and Node, and over the shared-memory ring, beside ceilings measured in the same run:
+// single-thread memcpy of the batch size, cache-hot (the physical limit of a copy) and from
+// memory (pieces of a region far larger than the caches: the bandwidth a copy out of a large
+// memory tier meets), and rackfeed's own batch assembly in this process with no transport (the
+// gather every transport pays); the cost of a new ring's first write to each page (paid once per ring: each shm row
 // opens a new ring per pass); and p50/p99 latency of a token batch (micro_batch 8 × 4097 uint16
 // tokens) per transport. Rings live in a fresh directory under /dev/shm (tmpfs), as deployed.
 // Client: node:http (keep-alive) and node:http2, 4 requests in flight, bounded by time.
@@ -59,6 +60,24 @@ function parseWrkBytes(out: string): number {
   const m = /Transfer\/sec:\s+([\d.]+)([KMG]?B)/.exec(out);
   if (!m || /Non-2xx|Socket errors/.test(out)) throw new Error(`wrk failed or saw errors:\n${out}`);
   return gigabytes(m[1], m[2]);
+}
+
+/**
+ * GB/s of copying `bytes`-sized pieces that are not in any cache: consecutive pieces of a 512 MiB
+ * region (far beyond the last-level cache) into one reused destination, for a second. The memory
+ * bandwidth a copy of batch bytes from a large memory tier meets, beside the cache-hot figure.
+ */
+function memcpyFromMemoryGBs(bytes: number): number {
+  const region = Buffer.alloc(512 * 2 ** 20, 1);
+  const dst = Buffer.alloc(bytes);
+  const pieces = Math.floor(region.length / bytes);
+  let n = 0;
+  const t0 = performance.now();
+  while (performance.now() - t0 < 1000) {
+    const at = (n++ % pieces) * bytes;
+    region.copy(dst, 0, at, at + bytes);
+  }
+  return (n * bytes) / ((performance.now() - t0) / 1000) / 1e9;
 }
 
 function memcpyGBs(bytes: number): number {
@@ -157,6 +176,9 @@ try {
   const memcpy1 = memcpyGBs(128 * 4097 * 2);
   const memcpy8 = memcpyGBs(1024 * 4097 * 2);
   console.log(`memcpy (one thread, this process): 1 MiB ${memcpy1.toFixed(2)} GB/s, 8 MiB ${memcpy8.toFixed(2)} GB/s`);
+  const fromMemory1 = memcpyFromMemoryGBs(128 * 4097 * 2);
+  const fromMemory8 = memcpyFromMemoryGBs(1024 * 4097 * 2);
+  console.log(`memcpy from memory (one thread; pieces of a 512 MiB region, not in any cache): 1 MiB ${fromMemory1.toFixed(2)} GB/s, 8 MiB ${fromMemory8.toFixed(2)} GB/s`);
   console.log(`first write to the pages of a new 32 MiB ring file (tmpfs, once per ring): ${firstTouchGBs(shmRoot).toFixed(2)} GB/s`);
   const serveFlags = (dir: string) => ["--origin", `data=${ws.origin}`, "--cache-dir", dir, "--dataset", `d=${ws.dir}/d.json`, "--read-ahead-seconds", "0"];
   // The ceiling of every transport below: the same batches assembled in this process, no transport.
@@ -164,10 +186,11 @@ try {
   for (const { mb, steps } of SIZES) asm.push(await assemblyGBs(serveFlags(`${ws.dir}/c-asm`), "d", mb, steps, 2));
   const [asm1, asm8] = asm;
   console.log(`batch assembly alone (plan + gather copy from memory-tier blocks into a reused buffer, one thread, this process): 1 MiB ${asm1.toFixed(2)} GB/s, 8 MiB ${asm8.toFixed(2)} GB/s`);
-  console.log(`\n| server | transport | 1 MiB batches GB/s | vs memcpy | vs assembly | 8 MiB batches GB/s | vs memcpy | vs assembly | batch 8×4097 u16 p50 ms | p99 ms |`);
-  console.log(`|---|---|---|---|---|---|---|---|---|---|`);
+  console.log(`\n| server | transport | 1 MiB batches GB/s | vs memcpy | vs memcpy from memory | vs assembly | 8 MiB batches GB/s | vs memcpy | vs memcpy from memory | vs assembly | batch 8×4097 u16 p50 ms | p99 ms |`);
+  console.log(`|---|---|---|---|---|---|---|---|---|---|---|---|`);
+  const ratio = (a: number, b: number) => `${(a / b).toFixed(2)}×`;
   const row = (name: string, t: string, g1: number, g8: number, p50: number, p99: number) =>
-    console.log(`| ${name} | ${t} | ${g1.toFixed(2)} | ${(g1 / memcpy1).toFixed(2)}× | ${(g1 / asm1).toFixed(2)}× | ${g8.toFixed(2)} | ${(g8 / memcpy8).toFixed(2)}× | ${(g8 / asm8).toFixed(2)}× | ${p50.toFixed(3)} | ${p99.toFixed(3)} |`);
+    console.log(`| ${name} | ${t} | ${g1.toFixed(2)} | ${ratio(g1, memcpy1)} | ${ratio(g1, fromMemory1)} | ${ratio(g1, asm1)} | ${g8.toFixed(2)} | ${ratio(g8, memcpy8)} | ${ratio(g8, fromMemory8)} | ${ratio(g8, asm8)} | ${p50.toFixed(3)} | ${p99.toFixed(3)} |`);
   for (const [name, cmd, pre] of [
     ["deno", DENO, ["run", "-A", `${ROOT}src/main.ts`]],
     ["node", NODE, [...NODE_TS, `${ROOT}src/main.node.ts`]],
