@@ -174,8 +174,8 @@ export function isAlive(pid: number): boolean {
  * as the `Uint8Array` itself. Deno copies a `Uint8Array` body and then reports the response
  * complete while a slow reader still holds the copy, outside every bound of ours; a stream chunk
  * goes out as is, and `info.completed` waits until it is written, so the batch bodies in flight
- * stay within `--batch-inflight-bytes`. It is also the faster body at every size measured
- * (bench/RESULTS.md transport "Session 8": 1 and 8 MiB objects and batches, HTTP/1.1 and h2c).
+ * stay within `--batch-inflight-bytes`. It is also no slower: 8 MiB bodies went 35–50 % faster
+ * over HTTP/1.1, 1 MiB ones the same or faster, h2c the same (bench/RESULTS.md transport "Session 8").
  */
 export function denoBody(bytes: Uint8Array): BodyInit {
   return oneChunkStream(bytes);
