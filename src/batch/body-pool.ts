@@ -111,6 +111,11 @@ export class BatchBodyPool {
     });
   }
 
+  /** Whether a lease of `bytes` asked now would wait for room (or behind others that wait). */
+  mustWait(bytes: number): boolean {
+    return this.#waiters.length > 0 || this.#inflight + bytes > this.#o.inflightBytes;
+  }
+
   /**
    * Leases a body of exactly `bytes` bytes, waiting while the bytes in flight would exceed the
    * bound.
@@ -125,7 +130,7 @@ export class BatchBodyPool {
       throw new RangeError(`Cannot lease a batch body of ${bytes} bytes: it exceeds the in-flight bound of ${this.#o.inflightBytes} bytes`);
     }
     // In order of arrival: a lease does not pass others that wait, or large ones would starve.
-    if (this.#waiters.length > 0 || this.#inflight + bytes > this.#o.inflightBytes) await this.#wait(bytes); // counts them when it wakes
+    if (this.mustWait(bytes)) await this.#wait(bytes); // counts them when it wakes
     else this.#inflight += bytes;
     let body: Uint8Array;
     try {

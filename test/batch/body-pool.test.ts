@@ -91,8 +91,11 @@ describe("BatchBodyPool: bytes in flight", () => {
   it("makes a lease beyond the bound wait until enough leases end, in order of arrival", async () => {
     const p = pool({ inflightBytes: 10_000 });
     const a = await p.lease(6000);
+    expect(p.mustWait(4000)).toBe(false);
+    expect(p.mustWait(4001)).toBe(true);
     const order: string[] = [];
     const big = p.lease(8000).then((l) => (order.push("big"), l));
+    expect(p.mustWait(1000)).toBe(true); // it would fit, but someone waits already
     const small = p.lease(1000).then((l) => (order.push("small"), l)); // would fit now, but arrives after big
     await settled();
     expect(order).toEqual([]);
