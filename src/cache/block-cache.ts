@@ -335,9 +335,13 @@ export class BlockCache {
       const buf = fill.allocate();
       const base = index * this.#blockBytes;
       const parts: Promise<void>[] = [];
+      // The first part that fails fails the block: its other parts are then of no use to anyone,
+      // so they leave the origin's queue (or are aborted, on S3) instead of spending slots, and
+      // their retries, that other blocks' readers wait for (see `OriginGateway.read`'s group).
+      const group = new AbortController();
       for (let i = 0; i < fill.parts; i++) {
         const [s, e] = fill.partRange(i);
-        parts.push(gw.read(key, info, base + s, buf.subarray(s, e), { background }).then(() => fill.partDone(i)));
+        parts.push(gw.read(key, info, base + s, buf.subarray(s, e), { background, group }).then(() => fill.partDone(i)));
       }
       await Promise.all(parts);
       this.#memory.set(k, buf);

@@ -243,7 +243,12 @@ export class DiskTier {
       const header = encodeHeader(keyBytes, payload);
       const fh = await open(tmp, "wx");
       try {
-        await fh.writev([header, payload]);
+        // writev may write less (a full disk); a short file would be renamed into place and then
+        // fail its check on every read, so it is refused here as the write error it is.
+        const { bytesWritten } = await fh.writev([header, payload]);
+        if (bytesWritten !== header.length + payload.length) {
+          throw new Error(`Short write: ${bytesWritten} of ${header.length + payload.length} bytes`);
+        }
       } finally {
         await fh.close();
       }

@@ -102,6 +102,15 @@ export class FsOrigin implements Origin {
         }
         done += bytesRead;
       }
+      // And again after: a write in place during the read (same inode, so the check above cannot
+      // see it coming) changes the modification time; then the bytes may mix two versions.
+      const after = infoOf(await fh.stat());
+      if (after.version !== info.version) {
+        throw new OriginError(
+          "OBJECT_CHANGED",
+          `Object "${key}" in origin "${this.name}" changed while being read (version ${info.version} -> ${after.version})`,
+        );
+      }
     } catch (e) {
       throw e instanceof OriginError ? e : this.#fail(e, key);
     } finally {

@@ -44,11 +44,15 @@ export class ConcurrencyLimiter {
   }
 
   /**
-   * Runs `fn` when a slot is free.
+   * Runs `fn` when a slot is free. With `signal`, an operation nobody needs any more (it aborted)
+   * leaves the queue at once and never runs, so it cannot hold a slot that others wait for.
    * @throws {OverloadedError} when the queue is full
+   * @throws the signal's reason when it aborts before `fn` starts
    */
-  async run<T>(fn: () => Promise<T>, opts: { background?: boolean } = {}): Promise<T> {
+  async run<T>(fn: () => Promise<T>, opts: { background?: boolean; signal?: AbortSignal } = {}): Promise<T> {
     const background = opts.background === true;
+    const signal = opts.signal;
+    if (signal?.aborted) throw signal.reason;
     if (this.#mayStart(background)) {
       this.#active++;
     } else {
@@ -56,7 +60,21 @@ export class ConcurrencyLimiter {
         throw new OverloadedError(`Too many reads waiting for ${this.#what} (${this.#maxQueue} queued); retry shortly`);
       }
       // The slot is counted by #dispatch before the waiter resumes, so no arrival overtakes it.
-      await new Promise<void>((resolve) => (background ? this.#background : this.#queue).push(resolve));
+      const queue = background ? this.#background : this.#queue;
+      await new Promise<void>((resolve, reject) => {
+        const onAbort = () => {
+          const at = queue.indexOf(start);
+          if (at < 0) return; // already dispatched: its slot is taken and fn runs
+          queue.splice(at, 1);
+          reject(signal!.reason);
+        };
+        const start = () => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve();
+        };
+        signal?.addEventListener("abort", onAbort, { once: true });
+        queue.push(start);
+      });
       this.#peakQueue = Math.max(this.#peakQueue, this.#queue.length + this.#background.length + 1);
     }
     try {

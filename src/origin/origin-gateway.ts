@@ -170,9 +170,15 @@ export class OriginGateway {
     this.#meta?.delete(key);
   }
 
-  /** Positional read into `dest`, under the concurrency limit (`background`: behind foreground reads). */
-  async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array, opts: { background?: boolean } = {}): Promise<void> {
-    await this.#count("read", () => this.origin.read(key, info, offset, dest), opts.background === true);
+  /**
+   * Positional read into `dest`, under the concurrency limit (`background`: behind foreground
+   * reads). Reads of one `group` (the parts of a block) fail together: the first that fails aborts
+   * the group before its slot passes on, and the others then leave the queue unread (an S3 read
+   * in flight is aborted too), so a dead origin does not keep slots busy for bytes nobody wants.
+   */
+  async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array, opts: { background?: boolean; group?: AbortController } = {}): Promise<void> {
+    const group = opts.group;
+    await this.#count("read", () => this.origin.read(key, info, offset, dest, group?.signal), opts.background === true, group);
     this.#bytes += dest.length;
     this.#onSuccess();
   }
@@ -257,15 +263,19 @@ export class OriginGateway {
     return Math.min(this.#maxConcurrency, Math.max(this.#minCeiling, needed));
   }
 
-  async #count<T>(op: "stat" | "read" | "list", fn: () => Promise<T>, background = false): Promise<T> {
+  async #count<T>(op: "stat" | "read" | "list", fn: () => Promise<T>, background = false, group?: AbortController): Promise<T> {
     return await this.#limiter.run(async () => {
       this.#requests[op]++;
       try {
         return await fn();
       } catch (e) {
+        // A read cancelled with its group (another part failed) is not an origin error.
+        if (group?.signal.aborted) throw e;
         if (!(isCacheServerError(e) && e.code === "OBJECT_NOT_FOUND")) this.#errors++;
+        // Here, inside the slot: once it is released the next in line starts at once.
+        group?.abort(e);
         throw e;
       }
-    }, { background });
+    }, { background, signal: group?.signal });
   }
 }

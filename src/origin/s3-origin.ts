@@ -62,11 +62,18 @@ type Failure =
   | { kind: "retry"; detail: string; error: unknown; timeout: boolean };
 
 class AttemptTimeout extends Error {
-  constructor(ms: number) {
-    super(`no answer within ${ms} ms`);
+  constructor(message: string) {
+    super(message);
     this.name = "AttemptTimeout";
   }
 }
+
+/**
+ * The slowest body an attempt may deliver: one that keeps trickling bytes re-arms the stall
+ * timeout forever, so an attempt also ends after `timeout + bytes / MIN_BODY_BYTES_PER_S`. Far
+ * below any working S3 connection (tens of MB/s), so only a broken one meets it.
+ */
+export const MIN_BODY_BYTES_PER_S = 256 * 1024;
 
 /** Recent read durations (ms), for the hedge delay. */
 const HEDGE_WINDOW = 64;
@@ -161,7 +168,7 @@ export class S3Origin implements Origin {
       throw new RangeError(`Cannot read "${key}": range ${offset}-${offset + dest.length - 1} exceeds size ${info.size}`);
     }
     const what = `reading "${key}" bytes ${offset}-${offset + dest.length - 1}`;
-    await this.#withRetries(what, signal, (s, progress) => this.#readHedged(key, info, offset, dest, s, progress), key);
+    await this.#withRetries(what, signal, (s, progress) => this.#readHedged(key, info, offset, dest, s, progress), key, dest.length);
   }
 
   async list(prefix: string, limit: number): Promise<ListedObject[]> {
@@ -211,11 +218,12 @@ export class S3Origin implements Origin {
     signal: AbortSignal | undefined,
     attempt: (s: AbortSignal, progress: () => void) => Promise<T>,
     key: string,
+    bytes = 0,
   ): Promise<T> {
     for (let retry = 0;; retry++) {
       let failure: Failure;
       try {
-        return await this.#timed(signal, attempt);
+        return await this.#timed(signal, attempt, this.#timeoutMs + Math.ceil((bytes * 1000) / MIN_BODY_BYTES_PER_S));
       } catch (e) {
         if (signal?.aborted) throw signal.reason;
         failure = classify(e);
@@ -250,17 +258,22 @@ export class S3Origin implements Origin {
 
   /**
    * One attempt under a stall timeout: the attempt's signal aborts when `timeoutMs` passes
-   * with no progress (`progress()` re-arms it, called per body chunk), or when the caller aborts.
+   * with no progress (`progress()` re-arms it, called per body chunk), when the whole attempt
+   * outlasts `deadlineMs` (a body that trickles), or when the caller aborts.
    */
-  async #timed<T>(outer: AbortSignal | undefined, attempt: (s: AbortSignal, progress: () => void) => Promise<T>): Promise<T> {
+  async #timed<T>(outer: AbortSignal | undefined, attempt: (s: AbortSignal, progress: () => void) => Promise<T>, deadlineMs: number): Promise<T> {
     const ctl = new AbortController();
     // Progress only stamps the time (it runs per body chunk); the one timer checks the stamp
     // when it fires and sleeps again for what is left.
-    let last = this.#now();
+    const start = this.#now();
+    let last = start;
     const check = () => {
-      const idle = this.#now() - last;
-      if (idle >= this.#timeoutMs) ctl.abort(new AttemptTimeout(this.#timeoutMs));
-      else timer = setTimeout(check, this.#timeoutMs - idle);
+      const now = this.#now();
+      const idle = now - last;
+      const left = deadlineMs - (now - start);
+      if (idle >= this.#timeoutMs) ctl.abort(new AttemptTimeout(`no answer within ${this.#timeoutMs} ms`));
+      else if (left <= 0) ctl.abort(new AttemptTimeout(`the body still incomplete after ${deadlineMs} ms (slower than ${MIN_BODY_BYTES_PER_S} bytes/s)`));
+      else timer = setTimeout(check, Math.min(this.#timeoutMs - idle, left));
     };
     let timer: ReturnType<typeof setTimeout> | undefined = setTimeout(check, this.#timeoutMs);
     const onOuter = () => ctl.abort(outer!.reason);

@@ -3,6 +3,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { BlockCache, KEYS_KEPT } from "../../src/cache/block-cache.ts";
 import { MemoryTier } from "../../src/cache/memory-tier.ts";
+import { OriginError } from "../../src/errors.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import { OriginGateway } from "../../src/origin/origin-gateway.ts";
 import type { ObjectInfo, Origin } from "../../src/origin/origin.ts";
@@ -59,6 +60,35 @@ class GatedOrigin extends FsOrigin {
     return await super.read(key, info, offset, dest);
   }
 }
+
+/** An fs origin that is down: every read fails after `delayMs`, counted. */
+class DownOrigin extends FsOrigin {
+  reads = 0;
+  constructor(root: string, readonly delayMs: number) {
+    super({ name: "data", root });
+  }
+  override async read(): Promise<void> {
+    this.reads++;
+    await new Promise((r) => setTimeout(r, this.delayMs));
+    throw new OriginError("ORIGIN_UNAVAILABLE", "the origin is down");
+  }
+}
+
+describe("failed fills", () => {
+  it("cancels the other parts of a block whose first part failed: they leave the origin's queue unread", async () => {
+    await ws.put("down.bin", patternBytes(64 * KiB, 13));
+    const origin = new DownOrigin(ws.origin, 20);
+    // One slot: the block's four parts run one at a time, so three wait in the queue.
+    const gw = new OriginGateway(origin, { concurrency: 1, maxQueue: 100, metadataTtl: 0 });
+    const cache = new BlockCache({ memory: new MemoryTier({ maxBytes: 2 ** 20 }), blockBytes: 64 * KiB, partBytes: 16 * KiB, readAheadBlocks: 0, now: () => performance.now() });
+    const info = await gw.stat("down.bin");
+    await expect(cache.block(gw, "down.bin", info, 0)).rejects.toMatchObject({ code: "ORIGIN_UNAVAILABLE" });
+    await new Promise((r) => setTimeout(r, 300)); // the three queued parts would have read by now
+    expect(origin.reads).toBe(1);
+    expect(gw.stats()).toMatchObject({ active: 0, queued: 0, errors: 1 });
+    await cache.close();
+  });
+});
 
 describe("single-flight fills", () => {
   it("serves 100 concurrent requests for one cold block with exactly one origin read", async () => {

@@ -19,7 +19,9 @@ export type Fault =
   /** Answer 503 SlowDown (S3's throttling reply) without forwarding. */
   | { readonly kind: "slowdown" }
   /** Answer 500 InternalError without forwarding. */
-  | { readonly kind: "error500" };
+  | { readonly kind: "error500" }
+  /** Forward, then send the body `bytes` at a time, one piece every `everyMs` (never quite silent, never done). */
+  | { readonly kind: "trickle"; readonly bytes: number; readonly everyMs: number };
 
 /** Decides the fault of each request: `n` counts requests from 1, `req` is the incoming request. */
 export type FaultRule = (n: number, req: IncomingMessage) => Fault;
@@ -90,6 +92,22 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
             }
           });
           upRes.on("end", () => res.end());
+          return;
+        }
+        if (fault.kind === "trickle") {
+          const pieces: Buffer[] = [];
+          upRes.on("data", (chunk: Buffer) => pieces.push(chunk));
+          upRes.on("end", () => {
+            const body = Buffer.concat(pieces);
+            let at = 0;
+            const next = () => {
+              if (res.destroyed) return;
+              if (at >= body.length) return void res.end();
+              res.write(body.subarray(at, (at += fault.bytes)));
+              setTimeout(next, fault.everyMs);
+            };
+            next();
+          });
           return;
         }
         if (fault.kind !== "stall" && fault.kind !== "reset") {

@@ -9,6 +9,30 @@ function gate() {
 }
 
 describe("ConcurrencyLimiter", () => {
+  it("drops a queued operation whose signal aborts: it never runs, and the next one gets the slot", async () => {
+    const l = new ConcurrencyLimiter({ concurrency: 1, maxQueue: 4, what: "test" });
+    const g = gate();
+    const ran: string[] = [];
+    const first = l.run(async () => {
+      ran.push("first");
+      await g.p;
+    });
+    const ctl = new AbortController();
+    const dropped = l.run(async () => void ran.push("dropped"), { signal: ctl.signal });
+    const third = l.run(async () => void ran.push("third"));
+    expect(l.stats().queued).toBe(2);
+    ctl.abort(new Error("not needed any more"));
+    await expect(dropped).rejects.toThrow("not needed any more");
+    expect(l.stats().queued).toBe(1);
+    g.open();
+    await Promise.all([first, third]);
+    expect(ran).toEqual(["first", "third"]);
+    expect(l.stats()).toMatchObject({ active: 0, queued: 0 });
+    // Already aborted: refused before it takes a slot.
+    await expect(l.run(async () => void ran.push("late"), { signal: ctl.signal })).rejects.toThrow("not needed any more");
+    expect(ran).toEqual(["first", "third"]);
+  });
+
   it("never runs more than its concurrency and refuses beyond its queue", async () => {
     const l = new ConcurrencyLimiter({ concurrency: 2, maxQueue: 1, what: "test" });
     const g = gate();

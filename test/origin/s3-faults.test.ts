@@ -124,6 +124,22 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
     expect(performance.now() - t0).toBeLessThan(15_000);
   });
 
+  it("abandons a body that trickles (bytes keep coming, too slowly to re-arm --origin-timeout for ever) and retries it", async () => {
+    // The first part's GET gets 512 bytes every 100 ms: its 32 KiB would take 6.4 s, and the stall
+    // timeout never fires.
+    let trickled = false;
+    const p = await proxy((_, req) => (!trickled && isRangedGet(req) && (trickled = true) ? { kind: "trickle", bytes: 512, everyMs: 100 } : { kind: "pass" }));
+    const rf = await startBehind(p.url, ["--origin-timeout", "400ms", "--origin-hedge", "0"]);
+    const t0 = performance.now();
+    const r = await fetch(`${rf.url}/v1/objects/s3/obj.bin`, { headers: { range: "bytes=0-99" } });
+    expect(r.status).toBe(206);
+    expectSameBytes(new Uint8Array(await r.arrayBuffer()), data.subarray(0, 100));
+    expect(p.counts.faults.trickle).toBe(1);
+    // The attempt ends at 400 ms + 32 KiB at 256 KiB/s = 525 ms, then the retry is not trickled.
+    expect(await rf.metric("rackfeed_origin_timeouts_total", { origin: "s3" })).toBe(1);
+    expect(performance.now() - t0).toBeLessThan(4000);
+  });
+
   it("serves correct bytes through 40 ms of added latency", async () => {
     const p = await proxy(() => ({ kind: "delay", ms: 40 }));
     const rf = await startBehind(p.url);
