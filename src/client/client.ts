@@ -247,8 +247,8 @@ export class RackfeedClient {
         }
       } catch (e) {
         if (!(e instanceof ShmError)) throw e;
-        if (e.code === "SHM_FULL") {
-          this.#shmRoute = null; // no room for a ring on this server: HTTP from here on
+        if (e.code === "SHM_FULL" || e.code === "SHM_UNREACHABLE") {
+          this.#shmRoute = null; // no room for a ring on this server, or no way to read it: HTTP from here on
           continue;
         }
         if (e.status !== 0 && !TRANSIENT.has(e.status)) throw new RackfeedError(e.status, e.code, e.message);

@@ -147,7 +147,13 @@ export async function* shmBatches(
     });
     const r = await reader.next();
     if (r.t !== "ring") throw new ShmError(0, "BAD_RESPONSE", `Expected "ring", got "${String(r.t)}"`);
-    ring = transport.openRing(String(r.path), Number(r.fileBytes));
+    try {
+      ring = transport.openRing(String(r.path), Number(r.fileBytes));
+    } catch (e) {
+      // The socket is reachable but not the ring (another /dev/shm, a umask that kept the group
+      // out, no mapping left): this consumer reads over HTTP instead.
+      throw new ShmError(503, "SHM_UNREACHABLE", `Cannot open the ring ${String(r.path)}: ${(e as Error).message}`);
+    }
     const header = new Uint8Array(RING_HEADER_BYTES);
     ring.read(0, header);
     const layout = decodeRingHeader(header);

@@ -55,11 +55,18 @@ export class RingFile {
     this.layout = layout;
     let fd: number;
     try {
-      fd = fs.openSync(path, "wx", 0o640);
+      try {
+        fd = fs.openSync(path, "wx", 0o640);
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+        fs.rmSync(path, { force: true });
+        fd = fs.openSync(path, "wx", 0o640);
+      }
     } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
-      fs.rmSync(path, { force: true });
-      fd = fs.openSync(path, "wx", 0o640);
+      // No inode left (a tmpfs's nr_inodes) or a quota: no room, as ENOSPC on the pages.
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code === "ENOSPC" || code === "EDQUOT") throw new RingSpaceError(path, layout.fileBytes);
+      throw e;
     }
     this.#fd = fd;
     try {
@@ -120,13 +127,16 @@ export class RingFile {
 }
 
 /**
- * Removes ring files whose server process is gone (a server killed with -9 cannot clean up).
+ * Removes ring files whose server process is gone (a server killed with -9 cannot clean up),
+ * and those of an earlier server that had this server's process id (a container's pid 1
+ * restarted with the shm directory kept): named with `self.pid` but another instance.
  *
  * @param dir the shm directory
  * @param isAlive whether a process id is running
+ * @param self this server's process id and instance
  * @returns the files removed
  */
-export function removeDeadRings(dir: string, isAlive: (pid: number) => boolean): string[] {
+export function removeDeadRings(dir: string, isAlive: (pid: number) => boolean, self?: { pid: number; instance: string }): string[] {
   const removed: string[] = [];
   let names: string[];
   try {
@@ -134,10 +144,13 @@ export function removeDeadRings(dir: string, isAlive: (pid: number) => boolean):
   } catch {
     return removed;
   }
-  const ringName = new RegExp(`^${RING_PREFIX}(\\d+)-.*\\.ring$`);
+  const ringName = new RegExp(`^${RING_PREFIX}(\\d+)-(.*)-\\d+\\.ring$`);
   for (const name of names) {
     const m = ringName.exec(name);
-    if (!m || isAlive(Number(m[1]))) continue;
+    if (!m) continue;
+    const pid = Number(m[1]);
+    const earlierSelf = self !== undefined && pid === self.pid && m[2] !== self.instance;
+    if (!earlierSelf && isAlive(pid)) continue;
     fs.rmSync(`${dir}/${name}`, { force: true });
     removed.push(name);
   }

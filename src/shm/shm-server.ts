@@ -8,7 +8,7 @@
 
 import * as fs from "node:fs";
 import * as net from "node:net";
-import { setImmediate } from "node:timers";
+import { setImmediate, setTimeout as unrefableTimeout } from "node:timers";
 import { assembleSamples, bodyBytes, cacheState } from "../batch/assemble-batch.ts";
 import type { BatchStats } from "../batch/batch-stats.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../batch/dataset-catalog.ts";
@@ -38,6 +38,11 @@ const MAX_CONNECTIONS = 1024;
 const HELLO_TIMEOUT_MS = 5000;
 /** Control frames a client may leave unread (notices are ~80 bytes) before it is disconnected. */
 const MAX_UNREAD_BYTES = 2 ** 20;
+/**
+ * After an error frame the server half-closes and lets the peer read it; a peer that then keeps
+ * its end open is cut off after this long (else it would hold a connection slot, and shutdown).
+ */
+const END_GRACE_MS = 1000;
 /** Batch notices of a `notify: "all"` consumer wait at most this long to be sent together. */
 const NOTICE_DELAY_MS = 1;
 /**
@@ -126,7 +131,7 @@ export class ShmServer {
    */
   static async start(opts: ShmServerOptions): Promise<ShmServer> {
     fs.mkdirSync(opts.dir, { recursive: true });
-    const removed = removeDeadRings(opts.dir, opts.isAlive);
+    const removed = removeDeadRings(opts.dir, opts.isAlive, { pid: opts.pid, instance: opts.instance });
     if (removed.length) opts.log(`rackfeed: removed ${removed.length} ring file(s) of dead servers from ${opts.dir}`);
     const existing = fs.lstatSync(opts.socketPath, { throwIfNoEntry: false });
     if (existing) {
@@ -263,9 +268,12 @@ class ShmConnection {
       this.#flush(); // notices already due go out before an error frame and the close
       this.#closed = true;
       this.#wake?.();
-      if (graceful) this.#socket.end();
-      else this.#socket.destroy();
-    }
+      if (graceful) {
+        this.#socket.end();
+        unrefableTimeout(() => this.#socket.destroy(), END_GRACE_MS).unref();
+      } else this.#socket.destroy();
+    } else if (!graceful) this.#socket.destroy(); // shutdown does not wait out the grace
+
     const ring = this.#ring;
     if (!ring) return;
     this.#ring = undefined;

@@ -1,6 +1,7 @@
 import { execFile, execFileSync, spawn } from "node:child_process";
 import { promisify } from "node:util";
 import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, statfsSync, statSync, writeFileSync } from "node:fs";
+import * as net from "node:net";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient } from "../../src/client/mod.ts";
@@ -264,6 +265,25 @@ describe("shared-memory fast path", () => {
     expect(await rf.metric("rackfeed_shm_rings")).toBe(0);
   });
 
+  it("cuts off a peer that keeps its end open after an error frame: it holds no connection slot (nor shutdown)", async () => {
+    const s = net.connect({ path: join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`), allowHalfOpen: true });
+    s.on("error", () => {});
+    try {
+      await new Promise((r) => s.once("connect", r));
+      const ended = new Promise((r) => s.once("end", r)); // the server's FIN, after its error frame
+      const dec = new FrameDecoder();
+      const got: Record<string, unknown>[] = [];
+      s.on("data", (chunk: Uint8Array) => got.push(...dec.push(chunk)));
+      s.write(encodeFrame({ t: "hello", version: 99 }));
+      await ended;
+      expect(got[0]).toMatchObject({ t: "error", status: 400 });
+      // The peer never closes its end; the server lets go of the connection anyway.
+      await waitFor(async () => (await rf.metric("rackfeed_shm_connections")) === 0, "the half-open peer's connection to be dropped", 5000);
+    } finally {
+      s.destroy();
+    }
+  });
+
   it("says where the shm path stops on a server without it (404), and the SDK uses HTTP", async () => {
     const plain = await startServer(ws, [...dataset, "--shm-dir", "off"]);
     try {
@@ -295,6 +315,29 @@ describe("shared-memory fast path", () => {
     } finally {
       await small.close();
     }
+  });
+
+  it("falls back to HTTP when the client reaches the socket but cannot open the ring (another /dev/shm, no permission)", async () => {
+    const base = localTransport();
+    let tried = 0;
+    const local = {
+      ...base,
+      openRing: () => {
+        tried++;
+        throw new Error("EACCES: permission denied");
+      },
+    };
+    const c = new RackfeedClient({ url: rf.url, local });
+    const got: string[] = [];
+    const bytes: Uint8Array[] = [];
+    for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 3, endStep: 3 })) {
+      got.push(b.transport);
+      bytes.push(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength).slice());
+    }
+    expect(tried).toBe(1);
+    expect(got).toEqual(["http", "http", "http"]);
+    for (let s = 0; s < 3; s++) expectSameBytes(bytes[s], await httpSamples(rf.url, s * 3, 3), `step ${s}`);
+    await waitFor(async () => (await rf.metric("rackfeed_shm_rings")) === 0, "the unread ring to be removed");
   });
 
   it("falls back to HTTP when the shm directory itself is full (ENOSPC), and the server lives on", async () => {
@@ -461,6 +504,9 @@ describe("shared-memory fast path", () => {
     // What a server killed with -9 leaves: its rings, and a socket file nobody listens on.
     writeFileSync(join(dir, "rackfeed-ring-4242-deadbeef-1.ring"), new Uint8Array(8192));
     writeFileSync(join(dir, "rackfeed-ring-77-cafe-1.ring"), new Uint8Array(8192)); // pid 77 is alive here
+    // An earlier server with the pid the next one gets (a container's pid 1 restarted): alive by
+    // its pid, dead by its instance.
+    writeFileSync(join(dir, "rackfeed-ring-1234-0ld1n5t4-3.ring"), new Uint8Array(8192));
     await leaveStaleSocket(socket);
     const second = await startServer(ws, [...dataset, "--shm-dir", dir, "--shm-socket", socket], {
       pid: 1234,
