@@ -376,6 +376,32 @@ describe("shared-memory fast path", () => {
     });
   });
 
+  it("falls back to HTTP when the shm directory has no inode left for a ring", async () => {
+    const dir = join(ws.dir, "no-inodes");
+    await withTmpfs(dir, "16m,nr_inodes=16", async () => {
+      const full = await startServer(ws, [...dataset, "--shm-dir", dir]);
+      try {
+        let fillers = 0;
+        for (;;) {
+          try {
+            writeFileSync(join(dir, `filler-${fillers}`), "");
+          } catch (e) {
+            expect((e as NodeJS.ErrnoException).code).toBe("ENOSPC");
+            break;
+          }
+          if (++fillers > 100) throw new Error("the tmpfs did not honour nr_inodes");
+        }
+        const c = new RackfeedClient({ url: full.url, local: localTransport() });
+        const got: string[] = [];
+        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 10, endStep: 2 })) got.push(b.transport);
+        expect(got).toEqual(["http", "http"]);
+        expect(await full.metric("rackfeed_shm_ring_bytes")).toBe(0);
+      } finally {
+        await full.close();
+      }
+    });
+  });
+
   it("gives a finished ring's memory back at once: a mapped client's kept view then reads zeros, and the tmpfs is free", async () => {
     const tmpfs = join(ws.dir, "tmpfs-release");
     // The umount at the end also checks that nothing maps the tmpfs any more.
