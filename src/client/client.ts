@@ -99,6 +99,9 @@ const TYPED: Record<string, new (b: ArrayBuffer) => TokenBatch["tokens"]> = {
 
 const TRANSIENT = new Set([429, 502, 503, 504]);
 
+/** How long a client that found the shared-memory path unusable keeps to HTTP before it asks again (ms). */
+export const SHM_RECHECK_MS = 30_000;
+
 /**
  * A client of one rackfeed server.
  *
@@ -117,8 +120,10 @@ export class RackfeedClient {
   readonly #socket: string | undefined;
   readonly #local: LocalTransport | undefined;
   readonly #token: string | undefined;
-  /** Where the shm path leads, once asked (null: not co-located or off). */
+  /** Where the shm path leads, once asked (null: not co-located, off, or not usable now). */
   #shmRoute: { socket: string; instance: string | undefined } | null | undefined;
+  /** When the shm path was last found unusable (`#now()` ms): asked again `SHM_RECHECK_MS` later. */
+  #shmRouteNullAt = 0;
   readonly #fetch: typeof fetch;
   readonly #headers: Record<string, string>;
   readonly #retries: number;
@@ -248,7 +253,7 @@ export class RackfeedClient {
       } catch (e) {
         if (!(e instanceof ShmError)) throw e;
         if (e.code === "SHM_FULL" || e.code === "SHM_UNREACHABLE") {
-          this.#shmRoute = null; // no room for a ring on this server, or no way to read it: HTTP from here on
+          this.#noShm(); // no room for a ring on this server, or no way to read it: HTTP for a while
           continue;
         }
         if (e.status !== 0 && !TRANSIENT.has(e.status)) throw new RackfeedError(e.status, e.code, e.message);
@@ -289,6 +294,8 @@ export class RackfeedClient {
 
   /** Finds the shm socket (asking `GET /v1/shm` unless given) and checks it leads to the same server. */
   async #shmRouteNow(): Promise<{ socket: string; instance: string | undefined } | null> {
+    // Not usable is not for ever: a restarted server, freed room, a socket that came up late.
+    if (this.#shmRoute === null && this.#local && this.#now() - this.#shmRouteNullAt >= SHM_RECHECK_MS) this.#shmRoute = undefined;
     if (this.#shmRoute !== undefined) return this.#shmRoute;
     if (!this.#local) return (this.#shmRoute = null);
     if (this.#socket !== undefined && this.#url === undefined) return (this.#shmRoute = { socket: this.#socket, instance: undefined });
@@ -296,17 +303,23 @@ export class RackfeedClient {
     try {
       info = await (await this.#get("/v1/shm")).json();
     } catch (e) {
-      if (e instanceof RackfeedError && e.status === 404) return (this.#shmRoute = null); // shm off
+      if (e instanceof RackfeedError && e.status === 404) return this.#noShm(); // shm off
       throw e;
     }
     const socket = this.#socket ?? info.socket;
     try {
       // The same path on this host may be another server's, or none: only the same instance counts.
       const instance = await shmInstance(this.#local, socket, this.#token);
-      return (this.#shmRoute = instance === info.instance ? { socket, instance } : null);
+      return instance === info.instance ? (this.#shmRoute = { socket, instance }) : this.#noShm();
     } catch {
-      return (this.#shmRoute = null);
+      return this.#noShm();
     }
+  }
+
+  /** Marks the shm path unusable for now; the next `batches()` after `SHM_RECHECK_MS` asks again. */
+  #noShm(): null {
+    this.#shmRouteNullAt = this.#now();
+    return (this.#shmRoute = null);
   }
 
   /**

@@ -5,6 +5,7 @@ import * as net from "node:net";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient } from "../../src/client/mod.ts";
+import { SHM_RECHECK_MS } from "../../src/client/client.ts";
 import { connectUnix, localTransport } from "../../src/client/node.ts";
 import type { Config } from "../../src/config/load.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
@@ -302,7 +303,8 @@ describe("shared-memory fast path", () => {
     const dir = join(ws.dir, "shm-small");
     const small = await startServer(ws, [...dataset, "--shm-dir", dir, "--shm-bytes", "1MiB"]);
     try {
-      const c = new RackfeedClient({ url: small.url, local: localTransport() });
+      let clock = 0;
+      const c = new RackfeedClient({ url: small.url, local: localTransport(), now: () => clock });
       // 2000 samples × 65 tokens × 2 bytes = 260 KB a slot; 5 slots exceed 1 MiB.
       const got = [];
       for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 2000, endStep: 2, prefetch: 4 })) got.push(b.transport);
@@ -310,6 +312,10 @@ describe("shared-memory fast path", () => {
       const fits = [];
       for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 100, endStep: 2, prefetch: 1 })) fits.push(b.transport);
       expect(fits).toEqual(["http", "http"]); // the client remembers that this server had no room
+      clock += SHM_RECHECK_MS; // ... for a while: then it asks again, and this ring fits
+      const later = [];
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 100, endStep: 2, prefetch: 1 })) later.push(b.transport);
+      expect(later).toEqual(["shm", "shm"]);
       const fresh = new RackfeedClient({ url: small.url, local: localTransport() });
       for await (const b of fresh.batches("d", { rank: 0, world: 1, microBatch: 100, endStep: 2, prefetch: 1 })) expect(b.transport).toBe("shm");
     } finally {
