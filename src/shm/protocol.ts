@@ -225,7 +225,9 @@ export class ShmProtocolError extends Error {
  * complete.
  */
 export class FrameDecoder {
+  /** The unfinished tail: `#held` bytes at the start of `#buf`, which grows by doubling. */
   #buf = new Uint8Array(0);
+  #held = 0;
 
   /**
    * @param chunk the next bytes from the socket
@@ -233,7 +235,15 @@ export class FrameDecoder {
    * @throws {ShmProtocolError} for a frame over `MAX_FRAME_BYTES` or a body that is not a msgpack map
    */
   push(chunk: Uint8Array): Record<string, unknown>[] {
-    const buf = this.#buf.length === 0 ? chunk : concat(this.#buf, chunk);
+    // Appended into spare room, not copied whole per chunk: a frame that arrives a byte at a time
+    // costs linear, not quadratic, work (any local peer may send one before it says hello).
+    let buf = chunk;
+    if (this.#held > 0) {
+      this.#reserve(this.#held + chunk.length);
+      this.#buf.set(chunk, this.#held);
+      this.#held += chunk.length;
+      buf = this.#buf.subarray(0, this.#held);
+    }
     const out: Record<string, unknown>[] = [];
     let at = 0;
     while (buf.length - at >= 4) {
@@ -253,16 +263,26 @@ export class FrameDecoder {
       at += 4 + len;
     }
     // Keep only the unfinished tail (copied: the chunk may be a reused socket buffer).
-    this.#buf = at === buf.length ? new Uint8Array(0) : buf.slice(at);
+    const tail = buf.length - at;
+    if (tail === 0) this.#held = 0;
+    else if (buf === chunk) {
+      this.#reserve(tail);
+      this.#buf.set(chunk.subarray(at), 0);
+      this.#held = tail;
+    } else {
+      this.#buf.copyWithin(0, at, buf.length);
+      this.#held = tail;
+    }
     return out;
   }
-}
 
-function concat(a: Uint8Array, b: Uint8Array): Uint8Array {
-  const out = new Uint8Array(a.length + b.length);
-  out.set(a, 0);
-  out.set(b, a.length);
-  return out;
+  /** Room for `bytes` held bytes (at most a frame and a chunk: frames are bounded). */
+  #reserve(bytes: number): void {
+    if (this.#buf.length >= bytes) return;
+    const bigger = new Uint8Array(Math.max(bytes, this.#buf.length * 2, 256));
+    bigger.set(this.#buf.subarray(0, this.#held), 0);
+    this.#buf = bigger;
+  }
 }
 
 function roundUp(n: number, to: number): number {

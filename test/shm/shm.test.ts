@@ -620,3 +620,31 @@ async function leaveStaleSocket(path: string): Promise<void> {
 function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
 }
+
+describe("FrameDecoder", () => {
+  it("cuts frames split at every byte, or several to a chunk, into the same messages", () => {
+    const msgs = [
+      { t: "hello", version: SHM_PROTOCOL_VERSION, token: "x".repeat(70_000 >> 2) },
+      { t: "release", slot: 3, generation: 9 },
+      { t: "wait", step: 12 },
+    ];
+    const stream = Buffer.concat(msgs.map((m) => encodeFrame(m as never)));
+    const oneByOne = new FrameDecoder();
+    const got: Record<string, unknown>[] = [];
+    for (let i = 0; i < stream.length; i++) got.push(...oneByOne.push(stream.subarray(i, i + 1)));
+    expect(got).toEqual(msgs);
+    for (const cut of [1, 3, 4, 5, 17, 1000, stream.length - 1]) {
+      const d = new FrameDecoder();
+      const parts = [...d.push(stream.subarray(0, cut)), ...d.push(stream.subarray(cut))];
+      expect(parts, `cut at ${cut}`).toEqual(msgs);
+    }
+    // A reused socket buffer: the decoder must have copied what it kept.
+    const reused = new Uint8Array(stream.length);
+    const d = new FrameDecoder();
+    reused.set(stream.subarray(0, 10));
+    expect(d.push(reused.subarray(0, 10))).toEqual([]);
+    reused.fill(0xee);
+    reused.set(stream.subarray(10), 0);
+    expect(d.push(reused.subarray(0, stream.length - 10))).toEqual(msgs);
+  });
+});
