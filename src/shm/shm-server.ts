@@ -220,8 +220,11 @@ class ShmConnection {
   #round: { startStep: number; slots: number; notify: "all" | "wait" } | undefined;
   /** Steps published so far, from `startStep`: `[startStep, #published)`. */
   #published = 0;
-  /** `notify: "wait"`: the step the client blocks on, if it said so and it is not published yet. */
-  #waitingFor: number | undefined;
+  /**
+   * `notify: "wait"`: steps the client asked to hear of and that are not published yet, each
+   * answered once (the SDK waits for one at a time; another client may ask for several).
+   */
+  readonly #waitingFor = new Set<number>();
   /** Batch notices not written yet (`notify: "all"`): sent together, one write for several. */
   #pending: Uint8Array[] = [];
   #pendingTimer: ReturnType<typeof setTimeout> | undefined;
@@ -320,8 +323,7 @@ class ShmConnection {
     if (round.notify === "wait") {
       this.#notices.set(m.step, m);
       this.#notices.delete(m.step - round.slots);
-      if (this.#waitingFor === m.step) {
-        this.#waitingFor = undefined;
+      if (this.#waitingFor.delete(m.step)) {
         this.#send(m);
       }
       return;
@@ -467,7 +469,15 @@ class ShmConnection {
       const notice = this.#notices.get(step);
       if (!notice) throw new ShmProtocolError(`Wait for step ${step}, which the ring no longer holds (this consumer started at step ${round.startStep})`);
       this.#send(notice);
-    } else this.#waitingFor = step;
+    } else {
+      // A step within a ring's length of the next one can be published before the client
+      // releases more; anything further is a client error, and the set stays bounded.
+      const next = round.startStep + this.#published;
+      if (step >= next + round.slots) {
+        throw new ShmProtocolError(`Wait for step ${step}: the next step published is ${next}, and the ring holds ${round.slots} steps ahead`);
+      }
+      this.#waitingFor.add(step);
+    }
   }
 
   /** Fills slots in step order, each step in its slot of the round, while the client releases them. */

@@ -236,6 +236,39 @@ describe("shared-memory fast path", () => {
     }
   });
 
+  it("answers each of several waits outstanding at once (another language's client may send them), and refuses one beyond the ring", async () => {
+    const s = await connectUnix(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
+    const dec = new FrameDecoder();
+    const inbox: Record<string, unknown>[] = [];
+    const next = async () => {
+      while (inbox.length === 0) {
+        const chunk = await s.read();
+        if (chunk === null) throw new Error("closed");
+        inbox.push(...dec.push(chunk));
+      }
+      return inbox.shift()!;
+    };
+    try {
+      s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+      expect((await next()).t).toBe("welcome");
+      s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 0, endStep: 150, notify: "wait" }));
+      const slots = Number((await next()).slots);
+      s.write(encodeFrame({ t: "wait", step: slots - 1 }));
+      expect(await next()).toMatchObject({ t: "batch", step: slots - 1 }); // the ring is full: steps 0 .. slots-1
+      s.write(encodeFrame({ t: "wait", step: slots }));
+      s.write(encodeFrame({ t: "wait", step: slots + 1 }));
+      // Generations count steps from the start (step s of this round: s + 1).
+      s.write(encodeFrame({ t: "release", slot: 0, generation: 1 }));
+      s.write(encodeFrame({ t: "release", slot: 1, generation: 2 }));
+      expect(await next()).toMatchObject({ t: "batch", step: slots, slot: 0, generation: slots + 1 });
+      expect(await next()).toMatchObject({ t: "batch", step: slots + 1, slot: 1, generation: slots + 2 });
+      s.write(encodeFrame({ t: "wait", step: 3 * slots }));
+      expect(await next()).toMatchObject({ t: "error", status: 400 });
+    } finally {
+      s.close();
+    }
+  });
+
   it("answers bad control messages with an error frame and a closed socket, never a crash", async () => {
     const cases: [Uint8Array, RegExp][] = [
       [encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 1, startStep: 0 }), /Expected "hello" first/],
