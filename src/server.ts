@@ -310,7 +310,7 @@ export class DatasetStartupError extends Error {
  * @returns the origin
  */
 export function defaultOrigin(spec: Config["origins"][number], config: Config): Origin {
-  if (spec.kind === "fs") return new FsOrigin({ name: spec.name, root: spec.root });
+  if (spec.kind === "fs") return new FsOrigin({ name: spec.name, root: spec.root, timeoutMs: config.originTimeout });
   return new S3Origin({
     name: spec.name,
     bucket: spec.bucket,

@@ -215,7 +215,7 @@ export const TUNABLES = {
     env: "RACKFEED_ORIGIN_TIMEOUT",
     default: "5s",
     parse: positiveDurationIn(600_000),
-    doc: "S3: a request that gets no answer or body bytes for this long is abandoned and retried",
+    doc: "S3: a request that gets no answer or body bytes for this long is abandoned and retried. Files (NFS): a stat or read not done in this long (plus its bytes at 256 KiB/s) fails with 504",
   } as Tunable<number>,
   originRetries: {
     key: "originRetries",

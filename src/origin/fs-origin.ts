@@ -3,7 +3,7 @@
 import { constants, type Stats } from "node:fs";
 import { open, opendir, realpath, stat } from "node:fs/promises";
 import { OriginError } from "../errors.ts";
-import type { ListedObject, ObjectInfo, Origin } from "./origin.ts";
+import { type ListedObject, MIN_ORIGIN_BYTES_PER_S, type ObjectInfo, type Origin } from "./origin.ts";
 
 /** Options of `FsOrigin`. */
 export interface FsOriginOptions {
@@ -11,6 +11,12 @@ export interface FsOriginOptions {
   readonly name: string;
   /** Absolute directory every key is resolved under. */
   readonly root: string;
+  /**
+   * A stat, or a read (plus its bytes at `MIN_ORIGIN_BYTES_PER_S`), not done in this long fails
+   * with `ORIGIN_TIMEOUT`: a hard-mounted NFS server that stops answering blocks file calls for
+   * ever. Unset: no deadline.
+   */
+  readonly timeoutMs?: number;
 }
 
 /**
@@ -27,6 +33,7 @@ export interface FsOriginOptions {
 export class FsOrigin implements Origin {
   readonly name: string;
   readonly #root: string;
+  readonly #timeoutMs: number | undefined;
   #realRoot: Promise<string> | undefined;
 
   /**
@@ -39,6 +46,23 @@ export class FsOrigin implements Origin {
     }
     this.name = opts.name;
     this.#root = opts.root.replace(/\/+$/, "") || "/";
+    this.#timeoutMs = opts.timeoutMs;
+  }
+
+  /**
+   * `op` under the deadline, if any. A file call cannot be cancelled: past the deadline its
+   * caller gets `ORIGIN_TIMEOUT` and the call is left to finish (or not) on its own; what it
+   * writes then goes into a buffer its failed fill has already dropped.
+   */
+  #deadline<T>(op: Promise<T>, bytes: number, what: string): Promise<T> {
+    if (this.#timeoutMs === undefined) return op;
+    const ms = this.#timeoutMs + Math.ceil((bytes * 1000) / MIN_ORIGIN_BYTES_PER_S);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new OriginError("ORIGIN_TIMEOUT", `Origin "${this.name}" did not finish ${what} within ${ms} ms (a hung file system?)`)), ms);
+    });
+    op.catch(() => {}); // a call that fails after its deadline has nobody left to tell
+    return Promise.race([op, late]).finally(() => clearTimeout(timer));
   }
 
   async #resolve(key: string): Promise<string> {
@@ -61,7 +85,15 @@ export class FsOrigin implements Origin {
     return real;
   }
 
-  async stat(key: string): Promise<ObjectInfo> {
+  stat(key: string): Promise<ObjectInfo> {
+    return this.#deadline(this.#stat(key), 0, `stat of "${key}"`);
+  }
+
+  read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
+    return this.#deadline(this.#read(key, info, offset, dest), dest.length, `reading "${key}" bytes ${offset}-${offset + dest.length - 1}`);
+  }
+
+  async #stat(key: string): Promise<ObjectInfo> {
     const path = await this.#resolve(key);
     let st: Stats;
     try {
@@ -73,7 +105,7 @@ export class FsOrigin implements Origin {
     return infoOf(st);
   }
 
-  async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
+  async #read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
     const path = await this.#resolve(key);
     let fh;
     try {

@@ -69,3 +69,10 @@ export interface Origin {
   /** Releases connections and handles. */
   close(): Promise<void>;
 }
+
+/**
+ * The slowest an origin may deliver a read's bytes: a read of `n` bytes is given up after the
+ * origin timeout + `n / MIN_ORIGIN_BYTES_PER_S` seconds. Far below any working S3 connection or
+ * file system (tens of MB/s and more), so only a broken one meets it.
+ */
+export const MIN_ORIGIN_BYTES_PER_S = 256 * 1024;

@@ -14,7 +14,7 @@ import {
 } from "@aws-sdk/client-s3";
 import { isCacheServerError, OriginError } from "../errors.ts";
 import type { ReadTiming } from "./part-sizer.ts";
-import type { ListedObject, ObjectInfo, Origin, OriginRequestStats } from "./origin.ts";
+import { type ListedObject, MIN_ORIGIN_BYTES_PER_S, type ObjectInfo, type Origin, type OriginRequestStats } from "./origin.ts";
 import { backoffDelay, type RetryPolicy, sleep } from "./retry.ts";
 
 /** Options of `S3Origin`. Everything not given comes from the AWS SDK's default chain. */
@@ -70,10 +70,9 @@ class AttemptTimeout extends Error {
 
 /**
  * The slowest body an attempt may deliver: one that keeps trickling bytes re-arms the stall
- * timeout forever, so an attempt also ends after `timeout + bytes / MIN_BODY_BYTES_PER_S`. Far
- * below any working S3 connection (tens of MB/s), so only a broken one meets it.
+ * timeout forever, so an attempt also ends after `timeout + bytes / MIN_BODY_BYTES_PER_S`.
  */
-export const MIN_BODY_BYTES_PER_S = 256 * 1024;
+const MIN_BODY_BYTES_PER_S = MIN_ORIGIN_BYTES_PER_S;
 
 /** Recent read durations (ms), for the hedge delay. */
 const HEDGE_WINDOW = 64;
