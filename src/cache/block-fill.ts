@@ -61,7 +61,11 @@ export class BlockFill {
     return this.#bytes;
   }
 
-  /** Creates the buffer origin parts are written into. Deferred so a waiting fill holds no memory. */
+  /**
+   * Creates the buffer origin parts are written into: after the disk tier was asked (a block read
+   * from disk needs none), before the parts wait for origin slots. A new buffer's pages are zero
+   * pages until written, so a fill whose parts still wait commits little memory.
+   */
   allocate(): Uint8Array {
     this.#bytes ??= new Uint8Array(this.length);
     return this.#bytes;
