@@ -199,20 +199,8 @@ describe("shared-memory fast path", () => {
   });
 
   it("fills slots in a fixed round, and tells a polling client of a batch only when it waits for it", async () => {
-    const s = await connectUnix(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
-    const dec = new FrameDecoder();
-    const inbox: Record<string, unknown>[] = [];
-    const next = async () => {
-      while (inbox.length === 0) {
-        const chunk = await s.read();
-        if (chunk === null) throw new Error("closed");
-        inbox.push(...dec.push(chunk));
-      }
-      return inbox.shift()!;
-    };
+    const { s, next } = await greeted();
     try {
-      s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
-      expect((await next()).t).toBe("welcome");
       s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 10, endStep: 150, slots: 2, notify: "wait" }));
       const ring = await next();
       expect(ring, JSON.stringify(ring)).toMatchObject({ t: "ring", endStep: 150 });
@@ -237,20 +225,8 @@ describe("shared-memory fast path", () => {
   });
 
   it("answers each of several waits outstanding at once (another language's client may send them), and refuses one beyond the ring", async () => {
-    const s = await connectUnix(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
-    const dec = new FrameDecoder();
-    const inbox: Record<string, unknown>[] = [];
-    const next = async () => {
-      while (inbox.length === 0) {
-        const chunk = await s.read();
-        if (chunk === null) throw new Error("closed");
-        inbox.push(...dec.push(chunk));
-      }
-      return inbox.shift()!;
-    };
+    const { s, next } = await greeted();
     try {
-      s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
-      expect((await next()).t).toBe("welcome");
       s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 0, endStep: 150, notify: "wait" }));
       const slots = Number((await next()).slots);
       s.write(encodeFrame({ t: "wait", step: slots - 1 }));
@@ -638,6 +614,24 @@ async function exchange(frames: Uint8Array[], n = 1, socket?: string): Promise<R
   } finally {
     s.close();
   }
+}
+
+/** A raw control connection to the test server that has said hello; `next()` reads one message. */
+async function greeted(): Promise<{ s: Awaited<ReturnType<typeof connectUnix>>; next: () => Promise<Record<string, unknown>> }> {
+  const s = await connectUnix(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
+  const dec = new FrameDecoder();
+  const inbox: Record<string, unknown>[] = [];
+  const next = async () => {
+    while (inbox.length === 0) {
+      const chunk = await s.read();
+      if (chunk === null) throw new Error("closed");
+      inbox.push(...dec.push(chunk));
+    }
+    return inbox.shift()!;
+  };
+  s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+  expect((await next()).t).toBe("welcome");
+  return { s, next };
 }
 
 /** A socket file with no listener, as a killed process leaves it. */
