@@ -182,6 +182,11 @@ export function parseIndex(bytes: Uint8Array | ArrayBuffer, options: ParseIndexO
       );
     }
     const ptr = hi * TWO_32 + lo;
+    // Megatron's writer keeps every sequence at a whole token; a pointer inside a token would
+    // make every read of that sequence straddle tokens (and a widened read run past a block).
+    if (ptr % itemSize !== 0) {
+      throw new DatasetFormatError(path, `sequence ${k} has pointer ${ptr}, not a multiple of its ${itemSize}-byte tokens`);
+    }
     lengths[k] = len;
     pointers[k] = ptr;
     totalTokens += len;

@@ -200,6 +200,10 @@ export function buildTokenDataset(
   let requested: number[];
   if (weighted) {
     const sizes = blendSizes(config.sources.map((s) => s.weight!), N, config.mid_level_dataset_surplus);
+    // megatron-core's blending indexes are 32-bit: a larger blend is a registration error, not a crash.
+    if (sizes.size > 0xffffffff) {
+      throw new DatasetConfigError("num_samples", `a weighted blend of ${sizes.size} samples exceeds 2^32-1 (megatron-core's blending indexes are 32-bit); received num_samples ${N}`);
+    }
     requested = Array.from(sizes.buffers);
     // megatron-core normalises once for the sizes and again inside BlendedDataset.
     const weightsUsed = normalize(sizes.weights);

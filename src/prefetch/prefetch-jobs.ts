@@ -285,6 +285,8 @@ export class PrefetchJobs {
     this.#emit(job);
     const remainingPerObject = new Map<number, number>();
     for (const t of tasks) remainingPerObject.set(t.object, (remainingPerObject.get(t.object) ?? 0) + 1);
+    // An empty object has no block to fetch: it is done from the start.
+    p.objectsDone = p.objectsTotal - remainingPerObject.size;
     let next = 0;
     const worker = async () => {
       while (next < tasks.length && !job.abort.signal.aborted) {

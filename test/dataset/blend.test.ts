@@ -97,6 +97,18 @@ describe("buildTokenDataset() blends", () => {
     expect(ds.length).toBe(12);
   });
 
+  it("buildTokenDataset() refuses a weighted blend of 2^32 samples or more as a registration error (400), not a crash", () => {
+    let err: unknown;
+    try {
+      buildTokenDataset(parseDatasetConfig({ ...body, num_samples: 2 ** 32 }), [small, small, small]);
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(DatasetConfigError);
+    expect((err as DatasetConfigError).field).toBe("num_samples");
+    expect((err as Error).message).toMatch(/exceeds 2\^32-1/);
+  });
+
   it("buildTokenDataset() treats one weighted source as a blend of one asking ceil(N × 1.005)", () => {
     const i32 = parseIndex(encodeIndex({ dtypeCode: 4, lengths: [100, 200, 300] }), { path: "w.idx" });
     const config = parseDatasetConfig({ ...body, sources: [{ prefix: "w", weight: 0.5 }], num_samples: 1000, seq_length: 2 });

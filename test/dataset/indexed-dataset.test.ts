@@ -93,6 +93,11 @@ describe("parseIndex() refuses malformed files with a DatasetFormatError naming 
     expect(isCacheServerError(err) && err.code).toBe("BAD_REQUEST");
   });
 
+  it("parseIndex() refuses a pointer inside a token (a sequence must start at a whole token)", () => {
+    const odd = encodeIndex({ dtypeCode: 8, lengths: [4, 5], pointers: [0, 9] }); // uint16: 9 is mid-token
+    expect(formatError(() => parseIndex(odd, { path: "odd.idx" })).message).toMatch(/"odd\.idx": sequence 1 has pointer 9, not a multiple of its 2-byte tokens/);
+  });
+
   it("parseIndex() refuses a version other than 1", () => {
     const bad = good.slice();
     bad[9] = 2;

@@ -120,6 +120,9 @@ describe("batches", () => {
     const res = await fetch(`${rf.url}/v1/datasets/u16_one_epoch/batches/125?rank=0&world=1&micro_batch=8`);
     expect(res.status).toBe(416);
     expect((await res.json()).message).toMatch(/steps 0-124/);
+    const tooBig = await fetch(`${rf.url}/v1/datasets/u16_one_epoch/batches/0?rank=0&world=1&micro_batch=100000`);
+    expect(tooBig.status).toBe(416);
+    expect((await tooBig.json()).message).toMatch(/it has no full step \(1000 samples\)/);
     const sample = await samples("u16_one_epoch", 1000, 1);
     expect(sample.status).toBe(416);
   });

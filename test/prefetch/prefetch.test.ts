@@ -83,6 +83,14 @@ describe("POST /prefetch by object prefix", () => {
     expect(await rf.metric("rackfeed_origin_bytes_total", { origin: "data" })).toBe(114 * KiB + 1);
   });
 
+  it("counts empty objects as done (they have no block to fetch)", async () => {
+    await ws.put("e/empty.bin", new Uint8Array(0));
+    await ws.put("e/full.bin", patternBytes(20 * KiB, 4));
+    const rf = await start();
+    const done = await waitDone(rf, (await (await submit(rf, { objects: ["data/e/"] })).json()).id);
+    expect(done).toMatchObject({ state: "done", objectsDone: 2, objectsTotal: 2, blocksDone: 2, blocksTotal: 2 });
+  });
+
   it("refuses up front a prefetch larger than the tier, naming both sizes", async () => {
     await ws.put("big/x.bin", new Uint8Array(3 * 1024 * KiB));
     const rf = await start(["--memory-bytes", "2MiB"]);

@@ -120,8 +120,9 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     const first = stepSamples(step, rank, world, microBatch);
     if (first + microBatch > reg.dataset.numSamples) {
       const steps = Math.floor(reg.dataset.numSamples / (world * microBatch));
+      const has = steps === 0 ? "no full step" : `steps 0-${steps - 1}`;
       throw new RangeNotSatisfiableError(
-        `Step ${step} (samples ${first}-${first + microBatch - 1}) is beyond dataset "${reg.name}": with world=${world} and micro_batch=${microBatch} it has steps 0-${steps - 1} (${reg.dataset.numSamples} samples)`,
+        `Step ${step} is beyond dataset "${reg.name}": with world=${world} and micro_batch=${microBatch} it has ${has} (${reg.dataset.numSamples} samples)`,
       );
     }
     const res = await batchResponse(c, deps, reg, first, microBatch, () => `rank ${rank}/${world} × ${microBatch} step ${step}`);
