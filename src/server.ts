@@ -150,6 +150,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     maxIndexBytes: config.maxIndexBytes,
     now: env.now,
     recheckMs: Math.max(config.metadataTtl, 1000),
+    log: env.log,
   });
   const readAhead = new ReadAhead({
     cache,

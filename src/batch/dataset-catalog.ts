@@ -49,7 +49,12 @@ export interface DatasetCatalogOptions {
   readonly now: () => number;
   /** How often (ms) a dataset's files are checked for a new version, off the request path. */
   readonly recheckMs: number;
+  /** Where a failed rebuild is reported (once per new error). */
+  readonly log?: (message: string, err?: unknown) => void;
 }
+
+/** After failed rebuilds, the version check backs off (doubling from `recheckMs`) up to this (ms). */
+const MAX_RECHECK_MS = 60_000;
 
 const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
 
@@ -69,6 +74,8 @@ export class DatasetCatalog {
   /** Version checks in flight (one per dataset), and when each dataset was last checked. */
   readonly #checks = new Map<string, Promise<void>>();
   readonly #checkedAt = new Map<string, number>();
+  /** Datasets whose files changed and whose rebuild failed: the error, and failures in a row. */
+  readonly #rebuildErrors = new Map<string, { message: string; failures: number }>();
 
   /** @param opts origins, cache and bounds */
   constructor(opts: DatasetCatalogOptions) {
@@ -106,7 +113,16 @@ export class DatasetCatalog {
     const built = await this.#build(name, config);
     this.#datasets.set(name, built);
     this.#checkedAt.set(name, this.#opts.now());
+    this.#rebuildErrors.delete(name);
     return built;
+  }
+
+  /**
+   * Why the dataset still serves the version built before, when its files changed and the
+   * rebuild failed (a malformed new `.idx`, a file missing); undefined otherwise.
+   */
+  rebuildError(name: string): string | undefined {
+    return this.#rebuildErrors.get(name)?.message;
   }
 
   /**
@@ -125,9 +141,15 @@ export class DatasetCatalog {
       );
     }
     const now = this.#opts.now();
-    if (!this.#checks.has(name) && now - (this.#checkedAt.get(name) ?? 0) >= this.#opts.recheckMs) {
+    // A failed rebuild is tried again, less often each time: it re-reads every .idx.
+    const failures = this.#rebuildErrors.get(name)?.failures ?? 0;
+    const every = Math.min(MAX_RECHECK_MS, this.#opts.recheckMs * 2 ** failures);
+    if (!this.#checks.has(name) && now - (this.#checkedAt.get(name) ?? 0) >= every) {
       this.#checkedAt.set(name, now);
-      const check = this.#recheck(name, ds).catch(() => {}).finally(() => this.#checks.delete(name));
+      const check = this.#recheck(name, ds).then(
+        () => void this.#rebuildErrors.delete(name),
+        (e) => this.#rebuildFailed(name, e),
+      ).finally(() => this.#checks.delete(name));
       this.#checks.set(name, check);
     }
     return Promise.resolve(ds);
@@ -136,6 +158,15 @@ export class DatasetCatalog {
   /** Waits for version checks in flight (tests, shutdown). */
   async settled(): Promise<void> {
     await Promise.all([...this.#checks.values()]);
+  }
+
+  #rebuildFailed(name: string, e: unknown): void {
+    const message = e instanceof Error ? e.message : String(e);
+    const last = this.#rebuildErrors.get(name);
+    this.#rebuildErrors.set(name, { message, failures: (last?.failures ?? 0) + 1 });
+    if (last?.message !== message) {
+      this.#opts.log?.(`rackfeed: dataset "${name}": its files changed and the rebuild failed; batches not in memory fail until it succeeds (retried, backing off to ${MAX_RECHECK_MS / 1000} s): ${message}`);
+    }
   }
 
   async #recheck(name: string, ds: RegisteredDataset): Promise<void> {

@@ -5,7 +5,7 @@ import { fileURLToPath } from "node:url";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { encodeIndex } from "../../src/dataset/mod.ts";
-import { expectSameBytes, makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { expectSameBytes, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 
 const VECTORS = fileURLToPath(new URL("../vectors/megatron/", import.meta.url));
 const ADMIN = "admin-token-for-tests";
@@ -235,6 +235,25 @@ describe("registration", () => {
       await new Promise((r) => setTimeout(r, 100));
     }
     expect(got).toBeDefined();
+  });
+
+  it("says why a dataset whose new files fail to build still serves its old version, and recovers once they are fixed", async () => {
+    const reg = { sources: [{ prefix: "data/brk" }], seq_length: 64, seed: 9, split: "100,0,0", split_index: 0, num_samples: 50 };
+    await copyFile(join(VECTORS, "data", "pub_u16_a.idx"), join(ws.origin, "brk.idx"));
+    await copyFile(join(VECTORS, "data", "pub_u16_a.bin"), join(ws.origin, "brk.bin"));
+    expect((await put("brk", reg)).status).toBe(201);
+    const describe = async () => (await (await fetch(`${rf.url}/v1/datasets/brk`)).json()) as { rebuildError: string | null };
+    expect((await describe()).rebuildError).toBeNull();
+    const { rename } = await import("node:fs/promises");
+    await writeFile(join(ws.origin, "brk.idx.tmp"), "not an index");
+    await rename(join(ws.origin, "brk.idx.tmp"), join(ws.origin, "brk.idx"));
+    let why: string | null = null;
+    await waitFor(async () => (why = (await describe()).rebuildError) !== null, "the failed rebuild to be reported", 20_000);
+    expect(why).toMatch(/brk\.idx/);
+    await copyFile(join(VECTORS, "data", "pub_u16_a.idx"), join(ws.origin, "brk.idx.tmp"));
+    await rename(join(ws.origin, "brk.idx.tmp"), join(ws.origin, "brk.idx"));
+    await waitFor(async () => (await describe()).rebuildError === null, "the rebuild to succeed once the files are fixed", 20_000);
+    expect((await samples("brk", 0, 50)).status).toBe(200);
   });
 
   it("registers datasets named on the command line at start-up, and refuses to start on a bad one", async () => {

@@ -82,7 +82,10 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
 
   app.get("/v1/datasets", routeDoc("datasets", "Names of the registered datasets"), (c) => c.json({ datasets: deps.catalog.names() }));
 
-  app.get("/v1/datasets/:name", routeDoc("datasets", "Describe a dataset: kind, dtype, samples, shape, documents, tokens, epochs"), async (c) => c.json(describe(await deps.catalog.get(c.req.param("name")))));
+  app.get("/v1/datasets/:name", routeDoc("datasets", "Describe a dataset: kind, dtype, samples, shape, documents, tokens, epochs"), async (c) => {
+    const reg = await deps.catalog.get(c.req.param("name"));
+    return c.json({ ...describe(reg), rebuildError: deps.catalog.rebuildError(reg.name) ?? null });
+  });
 
   app.get(
     "/v1/datasets/:name/samples",
