@@ -61,7 +61,13 @@ export function listenNode(
     const h2 = http2.createServer(h2Options, listener);
     h2.on("session", track);
     server = net.createServer((socket) => {
+      // Until the socket is handed to h1 or h2 (which handle its errors), nothing else listens:
+      // a client that resets before sending a byte (a port scanner, a TCP health check) would
+      // raise an unhandled 'error' and end the process.
+      const early = () => socket.destroy();
+      socket.on("error", early);
       socket.once("data", (first) => {
+        socket.off("error", early);
         socket.pause();
         socket.unshift(first);
         const target = first.subarray(0, H2_PREFACE.length).equals(H2_PREFACE.subarray(0, Math.min(first.length, H2_PREFACE.length)))

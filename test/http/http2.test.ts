@@ -3,6 +3,7 @@ import { createHash } from "node:crypto";
 import { Agent, get } from "node:http";
 import * as http2 from "node:http2";
 import { writeFileSync } from "node:fs";
+import * as net from "node:net";
 import { join } from "node:path";
 import { Client } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -59,6 +60,18 @@ describe("HTTP/2 on Node", () => {
   });
   afterAll(async () => {
     await rf.close();
+  });
+
+  it("stays up when a client resets its connection before sending a byte (a port scanner, a TCP health check)", async () => {
+    const { port } = new URL(rf.url);
+    for (let i = 0; i < 3; i++) {
+      const s = net.connect(Number(port), "127.0.0.1");
+      await new Promise((r) => s.once("connect", r));
+      await new Promise((r) => setTimeout(r, 50)); // the server has accepted it and waits for its first byte
+      s.resetAndDestroy();
+    }
+    await new Promise((r) => setTimeout(r, 100));
+    expect((await fetch(`${rf.url}/healthz`)).status).toBe(200);
   });
 
   it("serves h2c (prior knowledge) and HTTP/1.1 on the same port", async () => {
