@@ -74,6 +74,23 @@ describe("HTTP/2 on Node", () => {
     expect((await fetch(`${rf.url}/healthz`)).status).toBe(200);
   });
 
+  it("streams a prefetch job's Server-Sent Events over h2c (no HTTP/1.1 connection headers)", async () => {
+    const admin = await startServer(ws, ["--block-bytes", "256KiB", "--cache-dir", join(ws.dir, "c-sse"), "--admin-token", "sse-admin"]);
+    const session = http2.connect(admin.url);
+    try {
+      const auth = { authorization: "Bearer sse-admin" };
+      const job = await (await fetch(`${admin.url}/prefetch`, { method: "POST", headers: auth, body: JSON.stringify({ objects: ["data/big.bin"] }) })).json();
+      const res = await h2get(session, `/prefetch/${job.id}/events`, auth);
+      expect(res.status).toBe(200);
+      expect(res.headers["content-type"]).toMatch(/text\/event-stream/);
+      expect(res.body.toString()).toMatch(/event: progress\ndata: \{.*"state":"done"/);
+      expect((await fetch(`${admin.url}/healthz`)).status).toBe(200);
+    } finally {
+      session.destroy();
+      await admin.close();
+    }
+  });
+
   it("serves h2c (prior knowledge) and HTTP/1.1 on the same port", async () => {
     const h2 = await curl(["--http2-prior-knowledge", `${rf.url}/v1/objects/data/big.bin`]);
     expect(h2).toEqual({ version: "2", sha: sha(body) });

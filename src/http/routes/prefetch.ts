@@ -56,7 +56,7 @@ export function prefetchRoutes(app: Hono, deps: { jobs: PrefetchJobs; adminToken
     (c) => {
     const id = c.req.param("id");
     deps.jobs.get(id); // 404 before the stream starts
-    return streamSSE(c, async (stream) => {
+    const res = streamSSE(c, async (stream) => {
       // Coalesce: at most one event per 100 ms while running, and always the final one.
       let latest: PrefetchProgress | undefined;
       let wake: (() => void) | undefined;
@@ -86,5 +86,11 @@ export function prefetchRoutes(app: Hono, deps: { jobs: PrefetchJobs; adminToken
         stop();
       }
     });
+    // Hono sets these HTTP/1.1 connection headers, which HTTP/2 forbids: Node's h2 refused the
+    // response and @hono/node-server's fallback then threw outside any handler (the process
+    // ended). The runtimes add what HTTP/1.1 needs by themselves.
+    res.headers.delete("transfer-encoding");
+    res.headers.delete("connection");
+    return res;
   });
 }
