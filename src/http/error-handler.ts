@@ -38,7 +38,8 @@ export function errorHandler(log: (message: string, err: unknown) => void) {
       if (status === 503 && !err.headers["retry-after"]) c.header("retry-after", "1");
       return c.json({ error: err.code, message: err.message }, status);
     }
-    log(`Unhandled error on ${c.req.method} ${new URL(c.req.url).pathname}`, err);
+    // c.req.path, not new URL(c.req.url): a Host header that makes the URL invalid would throw here.
+    log(`Unhandled error on ${c.req.method} ${c.req.path}`, err);
     return c.json({ error: "INTERNAL", message: "Internal server error" }, 500);
   };
 }

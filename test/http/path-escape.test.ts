@@ -58,6 +58,14 @@ describe("object keys cannot escape their origin", () => {
     expect(res.text).toContain("%2e%2e");
   });
 
+  it("answers an origin name whose percent-escape is not UTF-8 with 400, not 500", async () => {
+    for (const target of ["/v1/objects/%ZZ/inside.txt", "/v1/objects/%FF/inside.txt"]) {
+      const res = await rawGet(rf.url, target);
+      expect(res.status, target).toBe(400);
+      expect(res.text).toMatch(/Invalid origin name/);
+    }
+  });
+
   it("does not follow a symlink that leads outside the origin root", async () => {
     for (const target of ["/v1/objects/data/link-out.txt", "/v1/objects/data/dir-out/secret.txt"]) {
       const res = await rawGet(rf.url, target);

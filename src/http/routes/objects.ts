@@ -45,7 +45,12 @@ export function objectRoutes(app: Hono, deps: ObjectRoutesDeps): void {
       const raw = rawPathOf(c);
       const rest = raw.startsWith(PREFIX) ? raw.slice(PREFIX.length) : "";
       const segments = rest.split("/");
-      const originName = decodeURIComponent(segments[0] ?? "");
+      let originName: string;
+      try {
+        originName = decodeURIComponent(segments[0] ?? "");
+      } catch {
+        throw new CacheServerError("BAD_REQUEST", `Invalid origin name "${segments[0]}": a percent-escape that is not UTF-8`);
+      }
       const gw = deps.origins.get(originName);
       if (!gw) {
         throw new CacheServerError(
