@@ -15,12 +15,18 @@ export function rawPathOf(c: Context): string {
   const incoming = (c.env as { incoming?: { url?: string } } | undefined)?.incoming?.url;
   let target: string;
   if (typeof incoming === "string") {
-    target = incoming;
+    // An absolute-form target (`GET http://host/path`, RFC 9112 §3.2.2) carries its path after
+    // the authority, as Deno's Request.url does.
+    target = incoming.startsWith("/") ? incoming : pathOfUrl(incoming);
   } else {
-    const url = c.req.raw.url;
-    const slash = url.indexOf("/", url.indexOf("//") + 2);
-    target = slash < 0 ? "/" : url.slice(slash);
+    target = pathOfUrl(c.req.raw.url);
   }
   const q = target.search(/[?#]/);
   return q < 0 ? target : target.slice(0, q);
+}
+
+/** The path (with query) of `scheme://authority/path`, as written. */
+function pathOfUrl(url: string): string {
+  const slash = url.indexOf("/", url.indexOf("//") + 2);
+  return slash < 0 ? "/" : url.slice(slash);
 }

@@ -58,6 +58,15 @@ describe("object keys cannot escape their origin", () => {
     expect(res.text).toContain("%2e%2e");
   });
 
+  it("serves an absolute-form request target (RFC 9112 3.2.2) like its path, and refuses its escapes too", async () => {
+    const ok = await rawGet(rf.url, `${rf.url}/v1/objects/data/sub/inside.txt`);
+    expect(ok.status, ok.text).toBe(200);
+    expect(ok.text.endsWith("inside")).toBe(true);
+    const escape = await rawGet(rf.url, `${rf.url}/v1/objects/data/%2e%2e/secret.txt`);
+    expect(escape.status).toBe(400);
+    expect(escape.text).not.toContain(SECRET);
+  });
+
   it("answers an origin name whose percent-escape is not UTF-8 with 400, not 500", async () => {
     for (const target of ["/v1/objects/%ZZ/inside.txt", "/v1/objects/%FF/inside.txt"]) {
       const res = await rawGet(rf.url, target);
