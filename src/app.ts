@@ -10,6 +10,7 @@ import { CacheServerError, OverloadedError } from "./errors.ts";
 import { errorHandler } from "./http/error-handler.ts";
 import { bearerAuth } from "./http/middleware/bearer-auth.ts";
 import { rejectDotSegments } from "./http/middleware/reject-dot-segments.ts";
+import { rejectBadHost } from "./http/middleware/reject-bad-host.ts";
 import { datasetRoutes } from "./http/routes/datasets.ts";
 import { operationalRoutes } from "./http/routes/health.ts";
 import { prefetchRoutes } from "./http/routes/prefetch.ts";
@@ -68,6 +69,7 @@ export function createApp(deps: AppDeps): Hono {
   const app = new Hono();
   app.onError(errorHandler(deps.log));
   app.notFound((c) => c.json({ error: "NOT_FOUND", message: `No route for ${c.req.method} ${c.req.path}` }, 404));
+  app.use("*", rejectBadHost());
   app.use("*", rejectDotSegments());
   app.use("/v1/*", bearerAuth({ token: deps.readToken, required: false, role: "read", alsoAccept: deps.adminToken }));
   operationalRoutes(app, { metrics: deps.metrics });

@@ -80,6 +80,22 @@ Deno.test("answers 416 beyond the end and 304 for a matching If-None-Match", asy
   });
 });
 
+Deno.test("refuses a Host header that carries part of a path (Deno builds the request's URL from it)", async () => {
+  await withServer([], async (url) => {
+    const { hostname, port } = new URL(url);
+    const raw = async (host: string, target: string) => {
+      const conn = await Deno.connect({ hostname, port: Number(port) });
+      await conn.write(new TextEncoder().encode(`GET ${target} HTTP/1.1\r\nHost: ${host}\r\nConnection: close\r\n\r\n`));
+      const text = new TextDecoder("latin1").decode(await new Response(conn.readable).arrayBuffer());
+      return { status: Number(/^HTTP\/1\.1 (\d{3})/.exec(text)?.[1] ?? 0), text };
+    };
+    const sneaky = await raw(`${hostname}/v1/objects/data`, "/shard.bin");
+    assert.equal(sneaky.status, 400, sneaky.text.slice(0, 200));
+    assert.match(sneaky.text, /Invalid Host header/);
+    assert.equal((await raw(`${hostname}:${port}`, "/v1/objects/data/shard.bin")).status, 200);
+  });
+});
+
 Deno.test("keeps the warm cache across a restart on Deno's file APIs", async () => {
   const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-warm-" });
   try {
