@@ -63,6 +63,11 @@ interface Consumer {
 
 /** A scheduled use this far in the past no longer protects its block. */
 const STALE_AFTER_MS = 2000;
+/**
+ * A consumer not seen for this long is forgotten: it holds its dataset version (whose indexes
+ * may be gigabytes, and stay alive after the dataset is replaced) and costs every `/metrics`.
+ */
+export const IDLE_CONSUMER_MS = 10 * 60_000;
 /** Next-use entries kept before stale ones are swept. */
 const NEXT_USE_PRUNE_AT = 100_000;
 
@@ -144,7 +149,17 @@ export class ReadAhead {
       }
     }
     this.#consumers.set(id, c);
+    this.#forgetIdle(now);
     this.#warm(c);
+  }
+
+  /** Forgets consumers idle for `IDLE_CONSUMER_MS`: the map is in recency order, so from its start. */
+  #forgetIdle(now: number): void {
+    for (const [id, c] of this.#consumers) {
+      if (now - c.lastAt < IDLE_CONSUMER_MS) return;
+      this.#release(c, Infinity);
+      this.#consumers.delete(id);
+    }
   }
 
   #warm(c: Consumer): void {

@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { IDLE_CONSUMER_MS } from "../../src/batch/read-ahead.ts";
 import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { syntheticDataset } from "../helpers/token-data.ts";
 
@@ -16,8 +17,8 @@ afterAll(async () => {
   await ws.remove();
 });
 
-async function withServer(args: string[], fn: (rf: RunningServer) => Promise<void>): Promise<void> {
-  const rf = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "4KiB", "--memory-bytes", "16MiB", "--disk-bytes", "1MiB", ...args]);
+async function withServer(args: string[], fn: (rf: RunningServer) => Promise<void>, now?: () => number): Promise<void> {
+  const rf = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "4KiB", "--memory-bytes", "16MiB", "--disk-bytes", "1MiB", ...args], now ? { now } : {});
   try {
     const res = await fetch(`${rf.url}/v1/datasets/big`, {
       method: "PUT",
@@ -97,6 +98,26 @@ describe("schedule-aware read-ahead", () => {
     expect(belady).toBe(0);
     expect(lru).toBeGreaterThan(15);
   }, 120_000); // two servers, 25 paced steps each with 1 MiB of competing reads: ~25 s here, more under load
+
+  it("forgets a consumer idle for IDLE_CONSUMER_MS (it would keep its dataset version alive and cost every scrape)", async () => {
+    let skew = 0;
+    await withServer([], async (rf) => {
+      const consumers = async () => ((await (await fetch(`${rf.url}/v1/status`)).json()).consumers as { rank: number; world: number }[]).map((c) => `${c.rank}/${c.world}`).sort();
+      const batch = async (rank: number, world: number) => {
+        const res = await fetch(`${rf.url}/v1/datasets/big/batches/0?rank=${rank}&world=${world}&micro_batch=8`);
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+      };
+      await batch(0, 1);
+      await batch(1, 2);
+      expect(await consumers()).toEqual(["0/1", "1/2"]);
+      skew += IDLE_CONSUMER_MS / 2;
+      await batch(1, 2); // seen again: not idle
+      skew += IDLE_CONSUMER_MS / 2;
+      await batch(0, 3); // the next consumer seen sweeps the idle ones
+      expect(await consumers()).toEqual(["0/3", "1/2"]);
+    }, () => performance.now() + skew);
+  });
 
   it("starts over from a consumer's new position after a jump (resume at another step)", async () => {
     await withServer([], async (rf) => {
