@@ -3,7 +3,7 @@
 import { constants, type Stats } from "node:fs";
 import { open, opendir, realpath, stat } from "node:fs/promises";
 import { OriginError } from "../errors.ts";
-import { type ListedObject, MIN_ORIGIN_BYTES_PER_S, type ObjectInfo, type Origin } from "./origin.ts";
+import { type ListedObject, type ObjectInfo, type Origin, readDeadlineMs } from "./origin.ts";
 
 /** Options of `FsOrigin`. */
 export interface FsOriginOptions {
@@ -12,7 +12,7 @@ export interface FsOriginOptions {
   /** Absolute directory every key is resolved under. */
   readonly root: string;
   /**
-   * A stat, or a read (plus its bytes at `MIN_ORIGIN_BYTES_PER_S`), not done in this long fails
+   * A stat, or a read (plus its bytes at `MIN_ORIGIN_BYTES_PER_S`, see `readDeadlineMs`), not done in this long fails
    * with `ORIGIN_TIMEOUT`: a hard-mounted NFS server that stops answering blocks file calls for
    * ever. Unset: no deadline.
    */
@@ -56,7 +56,7 @@ export class FsOrigin implements Origin {
    */
   #deadline<T>(op: Promise<T>, bytes: number, what: string): Promise<T> {
     if (this.#timeoutMs === undefined) return op;
-    const ms = this.#timeoutMs + Math.ceil((bytes * 1000) / MIN_ORIGIN_BYTES_PER_S);
+    const ms = readDeadlineMs(this.#timeoutMs, bytes);
     let timer: ReturnType<typeof setTimeout> | undefined;
     const late = new Promise<never>((_, reject) => {
       timer = setTimeout(() => reject(new OriginError("ORIGIN_TIMEOUT", `Origin "${this.name}" did not finish ${what} within ${ms} ms (a hung file system?)`)), ms);

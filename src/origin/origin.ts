@@ -71,8 +71,15 @@ export interface Origin {
 }
 
 /**
- * The slowest an origin may deliver a read's bytes: a read of `n` bytes is given up after the
- * origin timeout + `n / MIN_ORIGIN_BYTES_PER_S` seconds. Far below any working S3 connection or
- * file system (tens of MB/s and more), so only a broken one meets it.
+ * The slowest an origin may deliver a read's bytes (see `readDeadlineMs`). Far below any working
+ * S3 connection or file system (tens of MB/s and more), so only a broken one meets it.
  */
 export const MIN_ORIGIN_BYTES_PER_S = 256 * 1024;
+
+/**
+ * How long a read of `bytes` may take in all (ms): the origin timeout, plus the bytes at
+ * `MIN_ORIGIN_BYTES_PER_S`. Past it the read is given up, however steadily bytes trickle in.
+ */
+export function readDeadlineMs(timeoutMs: number, bytes: number): number {
+  return timeoutMs + Math.ceil((bytes * 1000) / MIN_ORIGIN_BYTES_PER_S);
+}

@@ -14,7 +14,7 @@ import {
 } from "@aws-sdk/client-s3";
 import { isCacheServerError, OriginError } from "../errors.ts";
 import type { ReadTiming } from "./part-sizer.ts";
-import { type ListedObject, MIN_ORIGIN_BYTES_PER_S, type ObjectInfo, type Origin, type OriginRequestStats } from "./origin.ts";
+import { type ListedObject, MIN_ORIGIN_BYTES_PER_S, type ObjectInfo, type Origin, type OriginRequestStats, readDeadlineMs } from "./origin.ts";
 import { backoffDelay, type RetryPolicy, sleep } from "./retry.ts";
 
 /** Options of `S3Origin`. Everything not given comes from the AWS SDK's default chain. */
@@ -67,12 +67,6 @@ class AttemptTimeout extends Error {
     this.name = "AttemptTimeout";
   }
 }
-
-/**
- * The slowest body an attempt may deliver: one that keeps trickling bytes re-arms the stall
- * timeout forever, so an attempt also ends after `timeout + bytes / MIN_BODY_BYTES_PER_S`.
- */
-const MIN_BODY_BYTES_PER_S = MIN_ORIGIN_BYTES_PER_S;
 
 /** Recent read durations (ms), for the hedge delay. */
 const HEDGE_WINDOW = 64;
@@ -222,7 +216,8 @@ export class S3Origin implements Origin {
     for (let retry = 0;; retry++) {
       let failure: Failure;
       try {
-        return await this.#timed(signal, attempt, this.#timeoutMs + Math.ceil((bytes * 1000) / MIN_BODY_BYTES_PER_S));
+        // A body that keeps trickling re-arms the stall timeout for ever: the attempt has a deadline too.
+        return await this.#timed(signal, attempt, readDeadlineMs(this.#timeoutMs, bytes));
       } catch (e) {
         if (signal?.aborted) throw signal.reason;
         failure = classify(e);
@@ -271,7 +266,7 @@ export class S3Origin implements Origin {
       const idle = now - last;
       const left = deadlineMs - (now - start);
       if (idle >= this.#timeoutMs) ctl.abort(new AttemptTimeout(`no answer within ${this.#timeoutMs} ms`));
-      else if (left <= 0) ctl.abort(new AttemptTimeout(`the body still incomplete after ${deadlineMs} ms (slower than ${MIN_BODY_BYTES_PER_S} bytes/s)`));
+      else if (left <= 0) ctl.abort(new AttemptTimeout(`the body still incomplete after ${deadlineMs} ms (slower than ${MIN_ORIGIN_BYTES_PER_S} bytes/s)`));
       else timer = setTimeout(check, Math.min(this.#timeoutMs - idle, left));
     };
     let timer: ReturnType<typeof setTimeout> | undefined = setTimeout(check, this.#timeoutMs);
