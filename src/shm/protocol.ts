@@ -264,15 +264,12 @@ export class FrameDecoder {
     }
     // Keep only the unfinished tail (copied: the chunk may be a reused socket buffer).
     const tail = buf.length - at;
-    if (tail === 0) this.#held = 0;
-    else if (buf === chunk) {
+    if (buf !== chunk) this.#buf.copyWithin(0, at, buf.length);
+    else if (tail > 0) {
       this.#reserve(tail);
       this.#buf.set(chunk.subarray(at), 0);
-      this.#held = tail;
-    } else {
-      this.#buf.copyWithin(0, at, buf.length);
-      this.#held = tail;
     }
+    this.#held = tail;
     return out;
   }
 
