@@ -5,6 +5,7 @@ const BRAND = Symbol.for("rackfeed.error");
 /** Every error code rackfeed raises on purpose. The HTTP mapping lives in `http/error-handler.ts` only. */
 export type ErrorCode =
   | "BAD_REQUEST"
+  | "PAYLOAD_TOO_LARGE"
   | "UNAUTHORIZED"
   | "FORBIDDEN"
   | "NOT_FOUND"
@@ -92,6 +93,11 @@ export class ShuttingDownError extends CacheServerError {
  */
 export function isCacheServerError(e: unknown): e is CacheServerError {
   return typeof e === "object" && e !== null && (e as Record<symbol, unknown>)[BRAND] === true;
+}
+
+/** A request body over its route's bound (413); the message says the bound. */
+export function payloadTooLarge(message: string): CacheServerError {
+  return new CacheServerError("PAYLOAD_TOO_LARGE", message);
 }
 
 /** Shorthand for a 400 with a message that says what to fix. */

@@ -7,6 +7,7 @@ import { type ErrorCode, isCacheServerError } from "../errors.ts";
 /** HTTP status of every error code. */
 export const STATUS_OF: Readonly<Record<ErrorCode, ContentfulStatusCode>> = {
   BAD_REQUEST: 400,
+  PAYLOAD_TOO_LARGE: 413,
   UNAUTHORIZED: 401,
   FORBIDDEN: 403,
   NOT_FOUND: 404,

@@ -45,6 +45,9 @@ export const TOKEN_BODY = {
   content: { "application/octet-stream": { schema: { type: "string" as const, format: "binary" } } },
 };
 
+/** Routes that take a JSON body, bounded by `bytes`. */
+export const bodyBound = (bytes: number) => ({ 413: error(`Body over ${bytes} bytes`) });
+
 /** Admin-only routes. */
 export const ADMIN = { security: [{ bearer: [] }], responses: { 401: error("Missing or wrong admin token"), 403: error("Admin endpoints are disabled (no --admin-token)") } };
 

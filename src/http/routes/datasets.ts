@@ -9,10 +9,10 @@ import type { DatasetCatalog, RegisteredDataset } from "../../batch/dataset-cata
 import type { BatchStats } from "../../batch/batch-stats.ts";
 import { type ReadAhead, stepSamples } from "../../batch/read-ahead.ts";
 import type { BlockCache } from "../../cache/block-cache.ts";
-import { badRequest, RangeNotSatisfiableError } from "../../errors.ts";
+import { badRequest, payloadTooLarge, RangeNotSatisfiableError } from "../../errors.ts";
 import { bearerAuth } from "../middleware/bearer-auth.ts";
 import { httpTransport, type ServedBytes } from "../served-bytes.ts";
-import { ADMIN, query, routeDoc, TOKEN_BODY } from "../route-docs.ts";
+import { ADMIN, bodyBound, query, routeDoc, TOKEN_BODY } from "../route-docs.ts";
 
 /** What the dataset routes need. */
 export interface DatasetRoutesDeps {
@@ -58,13 +58,13 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     routeDoc("datasets", "Register or replace a Megatron token dataset (admin)", {
       ...ADMIN,
       requestBody: { required: true, content: { "application/json": { schema: { type: "object" } } } },
-      responses: { ...ADMIN.responses, 201: { description: "Registered; the body describes the dataset" } },
+      responses: { ...ADMIN.responses, 201: { description: "Registered; the body describes the dataset" }, ...bodyBound(MAX_REGISTRATION_BYTES) },
     }),
     bearerAuth({ token: deps.adminToken, required: true, role: "admin" }),
     bodyLimit({
       maxSize: MAX_REGISTRATION_BYTES,
       onError: () => {
-        throw badRequest(`Dataset registration too large: at most ${MAX_REGISTRATION_BYTES} bytes of JSON`);
+        throw payloadTooLarge(`Dataset registration too large: at most ${MAX_REGISTRATION_BYTES} bytes of JSON`);
       },
     }),
     async (c) => {

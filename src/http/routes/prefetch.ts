@@ -3,10 +3,13 @@
 import type { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { streamSSE } from "hono/streaming";
-import { badRequest } from "../../errors.ts";
+import { badRequest, payloadTooLarge } from "../../errors.ts";
 import { parsePrefetchRequest, type PrefetchJobs, type PrefetchProgress } from "../../prefetch/prefetch-jobs.ts";
 import { bearerAuth } from "../middleware/bearer-auth.ts";
-import { ADMIN, routeDoc } from "../route-docs.ts";
+import { ADMIN, bodyBound, routeDoc } from "../route-docs.ts";
+
+/** Largest prefetch request body. */
+const MAX_PREFETCH_BYTES = 1 << 20;
 
 /**
  * Registers the prefetch routes.
@@ -23,12 +26,12 @@ export function prefetchRoutes(app: Hono, deps: { jobs: PrefetchJobs; adminToken
     routeDoc("prefetch", "Start a warm job by object prefix or dataset steps (admin)", {
       ...ADMIN,
       requestBody: { required: true, content: { "application/json": { schema: { type: "object" } } } },
-      responses: { ...ADMIN.responses, 202: { description: "Started; the body is the job's progress" } },
+      responses: { ...ADMIN.responses, 202: { description: "Started; the body is the job's progress" }, ...bodyBound(MAX_PREFETCH_BYTES) },
     }),
     bodyLimit({
-      maxSize: 1 << 20,
+      maxSize: MAX_PREFETCH_BYTES,
       onError: () => {
-        throw badRequest("Prefetch request too large: at most 1 MiB of JSON");
+        throw payloadTooLarge("Prefetch request too large: at most 1 MiB of JSON");
       },
     }),
     async (c) => {

@@ -2,10 +2,13 @@
 
 import type { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { badRequest } from "../../errors.ts";
+import { badRequest, payloadTooLarge } from "../../errors.ts";
 import type { Metrics } from "../../metrics/prometheus.ts";
 import { MAX_REPORT_STEPS } from "../../metrics/telemetry-report.ts";
-import { routeDoc } from "../route-docs.ts";
+import { bodyBound, routeDoc } from "../route-docs.ts";
+
+/** Largest telemetry report body. */
+const MAX_REPORT_BYTES = 2 << 20;
 
 /**
  * Registers the telemetry route (behind the read token, like every `/v1` route).
@@ -18,12 +21,12 @@ export function telemetryRoutes(app: Hono, deps: { metrics: Metrics; datasets: (
     "/v1/telemetry",
     routeDoc("datasets", "Report per-step t_wait, t_h2d and t_compute of a consumer (the SDK does this)", {
       requestBody: { required: true, content: { "application/json": { schema: { type: "object" } } } },
-      responses: { 204: { description: "Recorded" } },
+      responses: { 204: { description: "Recorded" }, ...bodyBound(MAX_REPORT_BYTES) },
     }),
     bodyLimit({
-      maxSize: 2 << 20,
+      maxSize: MAX_REPORT_BYTES,
       onError: () => {
-        throw badRequest("Telemetry report too large: at most 2 MiB of JSON; report more often");
+        throw payloadTooLarge("Telemetry report too large: at most 2 MiB of JSON; report more often");
       },
     }),
     async (c) => {
