@@ -199,14 +199,7 @@ export async function assembleSamples(
   const t0 = now();
   const ds = reg.dataset;
   const w = ds.windowLength;
-  const outItem = ITEM_SIZE[ds.dtype];
-  const bytes = bodyBytes(reg, count);
-  if (bytes > maxBytes) {
-    throw new CacheServerError(
-      "BAD_REQUEST",
-      `A body of ${count} samples × ${w} tokens × ${outItem} bytes = ${bytes} bytes exceeds --max-batch-bytes (${maxBytes}); ask for fewer samples`,
-    );
-  }
+  const bytes = checkedBodyBytes(reg, count, maxBytes);
   const blockBytes = cache.blockBytes;
   const plan = planSamples(reg, first, count, blockBytes);
   let missing = 0;
@@ -279,6 +272,40 @@ export async function assembleSamples(
     fetchSeconds: (t2 - t1) / 1000,
     copySeconds: (t1 - t0 + t3 - t2) / 1000,
   };
+}
+
+/**
+ * The body size of `count` samples, refused (400) over `maxBytes` (`--max-batch-bytes`).
+ *
+ * @returns the body's bytes
+ */
+export function checkedBodyBytes(reg: RegisteredDataset, count: number, maxBytes: number): number {
+  const bytes = bodyBytes(reg, count);
+  if (bytes > maxBytes) {
+    const ds = reg.dataset;
+    throw new CacheServerError(
+      "BAD_REQUEST",
+      `A body of ${count} samples × ${ds.windowLength} tokens × ${ITEM_SIZE[ds.dtype]} bytes = ${bytes} bytes exceeds --max-batch-bytes (${maxBytes}); ask for fewer samples`,
+    );
+  }
+  return bytes;
+}
+
+/**
+ * What `cacheState()` of the batch of samples `first .. first+count-1` would say if it were asked
+ * for now, without fetching or copying anything (a HEAD request).
+ */
+export function peekCacheState(cache: BlockCache, reg: RegisteredDataset, first: number, count: number): "hit" | "filling" | "miss" {
+  const plan = planSamples(reg, first, count, cache.blockBytes);
+  let filling = false;
+  for (const packed of plan.blocks) {
+    const f = reg.files[blockSource(packed)];
+    const index = blockIndex(packed);
+    if (cache.inMemory(f.gw, f.binKey, f.bin, index)) continue;
+    if (!cache.filling(f.gw, f.binKey, f.bin, index)) return "miss";
+    filling = true;
+  }
+  return filling ? "filling" : "hit";
 }
 
 /**

@@ -5,6 +5,7 @@ import { fileURLToPath } from "node:url";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { encodeIndex } from "../../src/dataset/mod.ts";
+import { putSyntheticDataset } from "../helpers/token-data.ts";
 import { expectSameBytes, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 
 const VECTORS = fileURLToPath(new URL("../vectors/megatron/", import.meta.url));
@@ -114,6 +115,33 @@ describe("batches", () => {
     const b = new Uint8Array(await (await fetch(url)).arrayBuffer());
     expect(a.length).toBe(4 * 129 * 2);
     expectSameBytes(a, b);
+  });
+
+  it("answers HEAD with the GET's headers without fetching, copying or counting a step", async () => {
+    await putSyntheticDataset(ws, "head_probe", 40, 50, 400, 9);
+    const reg = await put("head_probe", { sources: [{ prefix: "data/head_probe" }], seq_length: 64, seed: 3, split: "100,0,0", split_index: 0, num_samples: 200 });
+    expect(reg.status, await reg.clone().text()).toBe(201);
+    const url = `${rf.url}/v1/datasets/head_probe/batches/3?rank=1&world=2&micro_batch=4`;
+    const misses = async () => Number((await (await fetch(`${rf.url}/metrics`)).text()).match(/^rackfeed_cache_misses_total (\d+)/m)![1]);
+    const before = await misses();
+    const head = await fetch(url, { method: "HEAD" });
+    expect(head.status).toBe(200);
+    expect(head.headers.get("x-rackfeed-cache")).toBe("miss");
+    expect(await misses()).toBe(before); // nothing was fetched
+    const get = await fetch(url);
+    const body = new Uint8Array(await get.arrayBuffer());
+    expect(get.headers.get("x-rackfeed-cache")).toBe("miss");
+    for (const h of ["content-length", "x-rackfeed-dtype", "x-rackfeed-shape", "x-rackfeed-first-sample"]) {
+      expect(head.headers.get(h), h).toBe(get.headers.get(h));
+    }
+    expect(Number(head.headers.get("content-length"))).toBe(body.length);
+    expect((await fetch(url, { method: "HEAD" })).headers.get("x-rackfeed-cache")).toBe("hit");
+    // A HEAD is not a step: the consumer's last step stays the GET's.
+    const consumers = (await (await fetch(`${rf.url}/v1/status`)).json()).consumers.filter((c: { dataset: string }) => c.dataset === "head_probe");
+    expect(consumers.map((c: { step: number }) => c.step)).toEqual([3]);
+    await fetch(`${rf.url}/v1/datasets/head_probe/batches/9?rank=1&world=2&micro_batch=4`, { method: "HEAD" });
+    const after = (await (await fetch(`${rf.url}/v1/status`)).json()).consumers.filter((c: { dataset: string }) => c.dataset === "head_probe");
+    expect(after.map((c: { step: number }) => c.step)).toEqual([3]);
   });
 
   it("answers 416 naming the last step for a step beyond the dataset", async () => {

@@ -2,7 +2,7 @@
 
 import type { Context, Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { assembleSamples, bodyBytes, cacheState } from "../../batch/assemble-batch.ts";
+import { assembleSamples, bodyBytes, cacheState, checkedBodyBytes, peekCacheState } from "../../batch/assemble-batch.ts";
 import type { BatchBodyPool } from "../../batch/body-pool.ts";
 import type { ClientGone, WhenDone } from "../../runtime/listener.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../../batch/dataset-catalog.ts";
@@ -129,7 +129,8 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
       );
     }
     const res = await batchResponse(c, deps, reg, first, microBatch, () => `rank ${rank}/${world} × ${microBatch} step ${step}`);
-    deps.readAhead.observe(reg, { dataset: reg.name, rank, world, microBatch }, step);
+    // A HEAD reads nothing: it is not a step of this consumer.
+    if (c.req.method !== "HEAD") deps.readAhead.observe(reg, { dataset: reg.name, rank, world, microBatch }, step);
     return res;
   });
 }
@@ -142,6 +143,11 @@ async function batchResponse(
   count: number,
   request: () => string,
 ): Promise<Response> {
+  if (c.req.method === "HEAD") {
+    // The headers of the GET, without its work: nothing is fetched, copied, leased or counted.
+    const bytes = checkedBodyBytes(reg, count, deps.maxBatchBytes);
+    return c.body(null, 200, batchHeaders(reg, first, count, bytes, peekCacheState(deps.cache, reg, first, count)));
+  }
   const t0 = deps.now();
   const bodies = deps.bodies;
   const bytes = bodyBytes(reg, count);
@@ -176,14 +182,22 @@ async function batchResponse(
   deps.onBatch(seconds, state);
   deps.stats.record(reg.name, request, batch, seconds);
   deps.served.add(httpTransport(c.env), batch.body.length);
-  return c.body(deps.wrapBody(batch.body) as ReadableStream | Uint8Array<ArrayBuffer>, 200, {
+  return c.body(
+    deps.wrapBody(batch.body) as ReadableStream | Uint8Array<ArrayBuffer>,
+    200,
+    batchHeaders(reg, first, count, batch.body.length, state),
+  );
+}
+
+function batchHeaders(reg: RegisteredDataset, first: number, count: number, bytes: number, state: string): Record<string, string> {
+  return {
     "content-type": "application/octet-stream",
-    "content-length": String(batch.body.length),
-    "x-rackfeed-dtype": batch.dtype,
-    "x-rackfeed-shape": `${batch.shape[0]},${batch.shape[1]}`,
+    "content-length": String(bytes),
+    "x-rackfeed-dtype": reg.dataset.dtype,
+    "x-rackfeed-shape": `${count},${reg.dataset.windowLength}`,
     "x-rackfeed-first-sample": String(first),
     "x-rackfeed-cache": state, // see cacheState()
-  });
+  };
 }
 
 function intParam(c: Context, name: string, min: number, max: number, fallback: number | undefined): number {
