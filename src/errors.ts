@@ -9,6 +9,7 @@ export type ErrorCode =
   | "UNAUTHORIZED"
   | "FORBIDDEN"
   | "NOT_FOUND"
+  | "CONFLICT"
   | "ORIGIN_NOT_FOUND"
   | "OBJECT_NOT_FOUND"
   | "OBJECT_CHANGED"

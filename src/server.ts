@@ -18,6 +18,7 @@ import { FsOrigin } from "./origin/fs-origin.ts";
 import { S3Origin } from "./origin/s3-origin.ts";
 import { OriginGateway } from "./origin/origin-gateway.ts";
 import type { Origin } from "./origin/origin.ts";
+import type { IndexBuilder } from "./runtime/index-builder.ts";
 import type { ClientGone, WhenDone } from "./runtime/listener.ts";
 import type { MapFile } from "./shm/ring-file.ts";
 import { SHM_PROTOCOL_VERSION } from "./shm/protocol.ts";
@@ -77,6 +78,8 @@ export interface ServerEnv {
   readonly whenDone?: WhenDone;
   /** See `ClientGone`: a batch whose client left while it waited for room is not assembled. */
   readonly clientGone?: ClientGone;
+  /** Builds large datasets' indexes off the event loop (see `IndexBuilder`); unset: on it. */
+  readonly buildOffThread?: IndexBuilder;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
   readonly makeOrigin?: (spec: Config["origins"][number]) => Origin;
 }
@@ -151,6 +154,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     now: env.now,
     recheckMs: Math.max(config.metadataTtl, 1000),
     log: env.log,
+    buildOffThread: env.buildOffThread,
   });
   const readAhead = new ReadAhead({
     cache,
@@ -190,6 +194,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
   const sources: MetricSources = {
     shm: () => shm?.stats(),
     batches: () => batchStats,
+    datasetBuilds: () => datasets.builds(),
     lookahead: () => readAhead.lookahead(),
     readAheadBlocks: () => readAhead.blocksWarmed,
     cache: () => cache.stats(),

@@ -5,7 +5,8 @@
 #   2. cold-trainer.ts  t_wait of a 20 ms-step trainer on a cold +20 ms origin, read-ahead on vs off
 #   3. index-build.ts   index build time and memory for ~10 G tokens vs the raw array sizes (Node, Deno)
 #   4. eviction.ts      memory-tier hit rate, --memory-eviction belady vs lru, two epochs
-# Run from the repo root:   bash bench/datasets/run.sh [warm|cold|index|evict ...]   (default: all)
+#   5. registration-stall.ts  trainer batch latency while a ~10 G-token dataset registers: worker vs event loop
+# Run from the repo root:   bash bench/datasets/run.sh [warm|cold|index|evict|stall ...]   (default: all)
 # Data (synthetic, ~1.5 GiB) and scratch go to bench/.out/datasets/ (git-ignored); everything is
 # loopback; every loop is bounded in count and each script in time. Output also goes to
 # bench/.out/datasets/report.txt.
@@ -46,7 +47,8 @@ run() { # title, command...
         run "eviction" node --import tsx bench/datasets/eviction.ts
         # The same with read-ahead's horizon below the memory budget (8 steps x ~25 blocks x 64 KiB = 12.5 MiB).
         BENCH_MEMORY=32MiB BENCH_EXTRA_FLAGS="--read-ahead-max-steps 8" run "eviction, --read-ahead-max-steps 8" node --import tsx bench/datasets/eviction.ts ;;
-      *) echo "unknown part $p (warm|cold|index|evict)" >&2; exit 2 ;;
+      stall) run "trainer batches during a large registration" node --import tsx bench/datasets/registration-stall.ts ;;
+      *) echo "unknown part $p (warm|cold|index|evict|stall)" >&2; exit 2 ;;
     esac
   done
 } | tee "$OUT/report.txt"

@@ -5,6 +5,7 @@ import { ADMIN_USAGE, prefetchCommand, statsCommand } from "./admin-commands.ts"
 import { TUNABLES } from "../config/defaults.ts";
 import { DEMO_TOKEN_DATASET, ensureDemoDataset } from "../demo/demo-dataset.ts";
 import type { ClientGone, Listen, WhenDone } from "../runtime/listener.ts";
+import type { IndexBuilder } from "../runtime/index-builder.ts";
 import { createServer, DatasetStartupError, type ServerEnv } from "../server.ts";
 
 /** What the CLI needs from the runtime it runs on (built in `runtime/deno.ts` or `runtime/node.ts`). */
@@ -34,6 +35,8 @@ export interface CliHost {
   readonly mapFile?: (path: string, bytes: number) => { readonly bytes: Uint8Array; unmap(): void };
   /** See `ServerEnv.peers`: shm peers' Unix credentials, where the runtime can read them. */
   readonly peers?: ServerEnv["peers"];
+  /** See `ServerEnv.buildOffThread`. */
+  readonly buildOffThread?: IndexBuilder;
   /** Where `prefetch --watch` draws its progress bar (stderr when it is a terminal). */
   readonly progressStream?: NodeJS.WritableStream;
 }
@@ -112,6 +115,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       isAlive: host.isAlive,
       mapFile: host.mapFile,
       peers: host.peers,
+      buildOffThread: host.buildOffThread,
     });
   } catch (e) {
     if (e instanceof DatasetStartupError) {

@@ -63,6 +63,10 @@ export {
   type TokenDataset,
   type TokenDatasetBlend,
   type TokenDatasetDescription,
+  tokenDatasetFromParts,
+  type TokenDatasetParts,
+  tokenDatasetParts,
   type TokenDatasetSource,
 } from "./token-dataset.ts";
+export { buildFromIndexFiles, type IndexBuildInput, transferablesOf } from "./index-build.ts";
 export { PAD_TOKEN, readSample, type TokenArray } from "./read-sample.ts";

@@ -242,6 +242,38 @@ export function buildTokenDataset(
   return new BuiltTokenDataset(config, sources, blend, dtype);
 }
 
+/**
+ * What a built dataset is made of: plain data and typed arrays, so it can cross to another
+ * thread (structured clone, its arrays transferred) and be made a dataset again there.
+ */
+export interface TokenDatasetParts {
+  readonly config: DatasetConfig;
+  readonly sources: readonly TokenDatasetSource[];
+  readonly blend: TokenDatasetBlend | undefined;
+  readonly dtype: TokenDtype;
+}
+
+/**
+ * The parts of a dataset built by `buildTokenDataset` (no copy: the same arrays).
+ *
+ * @param ds the dataset
+ * @returns its parts
+ */
+export function tokenDatasetParts(ds: TokenDataset): TokenDatasetParts {
+  return { config: ds.config, sources: ds.sources, blend: ds.blend, dtype: ds.dtype };
+}
+
+/**
+ * The dataset that `parts` were taken from (see `tokenDatasetParts`), for parts built on another
+ * thread. No check is repeated: the parts come from `buildTokenDataset`.
+ *
+ * @param parts the parts
+ * @returns the dataset
+ */
+export function tokenDatasetFromParts(parts: TokenDatasetParts): TokenDataset {
+  return new BuiltTokenDataset(parts.config, parts.sources.map((s) => Object.freeze({ ...s })), parts.blend, parts.dtype);
+}
+
 class BuiltTokenDataset implements TokenDataset {
   readonly config: DatasetConfig;
   readonly kind: "single" | "blend";

@@ -11,6 +11,8 @@ export const STATUS_OF: Readonly<Record<ErrorCode, ContentfulStatusCode>> = {
   UNAUTHORIZED: 401,
   FORBIDDEN: 403,
   NOT_FOUND: 404,
+  // A registration overtaken by a later one of the same name (see DatasetCatalog.register).
+  CONFLICT: 409,
   ORIGIN_NOT_FOUND: 404,
   OBJECT_NOT_FOUND: 404,
   // The object changed under a fill that was already promised to this request; a retry sees

@@ -28,6 +28,8 @@ export interface MetricSources {
   readonly readAheadBlocks?: () => number;
   /** Per-dataset traffic and slow batches. */
   readonly batches?: () => BatchStats;
+  /** Dataset index builds, by where they ran (absent: no dataset layer). */
+  readonly datasetBuilds?: () => { readonly eventLoop: number; readonly worker: number };
   /** The pool of HTTP batch bodies (absent or undefined: a new body per batch). */
   readonly bodies?: () => BodyPoolStats | undefined;
   /** Shared-memory rings and connections (absent or undefined: the shm path is off). */
@@ -230,6 +232,10 @@ export class Metrics {
       const n = new Map<string, number>();
       for (const c of lookahead()) n.set(c.dataset, (n.get(c.dataset) ?? 0) + 1);
       return [...n].map(([dataset, v]) => [{ dataset }, v] as Sample);
+    });
+    counter("rackfeed_dataset_builds_total", "Dataset index builds (registrations and rebuilds), by where they ran: large ones on a worker thread", ["thread"], () => {
+      const b = src.datasetBuilds?.();
+      return b ? [[{ thread: "event_loop" }, b.eventLoop], [{ thread: "worker" }, b.worker]] : [];
     });
     counter("rackfeed_slow_batches_total", "Batches slower than --slow-batch, by cause", ["cause"], () => {
       const counts = src.batches?.().slowCounts();

@@ -3,6 +3,7 @@
 import nodeProcess from "node:process";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
+import { workerIndexBuilder } from "./index-builder.ts";
 import { canMapDeno, mapFileDeno, peerCredentialsDeno } from "./libc-deno.ts";
 import { withFd } from "./socket-fd.ts";
 
@@ -132,6 +133,7 @@ export function denoHost(): CliHost {
     clientGone: clientGoneDeno,
     pid: Deno.pid,
     isAlive,
+    buildOffThread: workerIndexBuilder("deno"),
     // Getters: libc is opened only by commands that serve shm.
     get mapFile() {
       return canMapDeno() ? (path: string, bytes: number) => mapFileDeno(path, bytes, true) : undefined;

@@ -8,6 +8,7 @@ import * as net from "node:net";
 import { readFileSync } from "node:fs";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
+import { workerIndexBuilder } from "./index-builder.ts";
 import { loadNodeMapping, loadNodePeerCredentials } from "./libc-node.ts";
 import { withFd } from "./socket-fd.ts";
 
@@ -199,6 +200,7 @@ export function nodeHost(): CliHost {
     progressStream: process.stderr.isTTY ? process.stderr : undefined,
     pid: process.pid,
     isAlive,
+    buildOffThread: workerIndexBuilder("node"),
     // Getters: koffi (a native addon, ~20 ms to load) is loaded only by commands that serve shm.
     get mapFile() {
       const map = loadNodeMapping();

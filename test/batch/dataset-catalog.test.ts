@@ -1,0 +1,116 @@
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { buildFromIndexFiles, type IndexBuildInput } from "../../src/dataset/mod.ts";
+import { workerIndexBuilder } from "../../src/runtime/index-builder.ts";
+import { expectSameBytes, makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { putSyntheticDataset } from "../helpers/token-data.ts";
+
+const ADMIN = "admin-token-for-tests";
+let ws: Workspace;
+const servers: RunningServer[] = [];
+
+beforeEach(async () => {
+  ws = await makeWorkspace();
+});
+afterEach(async () => {
+  for (const s of servers.splice(0)) await s.close();
+  await ws.remove();
+});
+
+async function register(rf: RunningServer, name: string, body: unknown): Promise<void> {
+  const res = await fetch(`${rf.url}/v1/datasets/${name}`, {
+    method: "PUT",
+    headers: { "content-type": "application/json", authorization: `Bearer ${ADMIN}` },
+    body: JSON.stringify(body),
+  });
+  expect(res.status, await res.clone().text()).toBe(201);
+}
+
+async function builds(rf: RunningServer): Promise<Record<string, number>> {
+  const text = await (await fetch(`${rf.url}/metrics`)).text();
+  return Object.fromEntries([...text.matchAll(/^rackfeed_dataset_builds_total\{thread="(\w+)"\} (\d+)/gm)].map((m) => [m[1], Number(m[2])]));
+}
+
+describe("dataset builds", () => {
+  it("builds a large dataset on a worker thread and serves the bytes of one built on the event loop", async () => {
+    await putSyntheticDataset(ws, "big", 20_000, 20, 400, 3); // ~80 KiB of .idx
+    await putSyntheticDataset(ws, "small", 50, 20, 400, 4);
+    const large = { sources: [{ prefix: "data/big" }], seq_length: 128, seed: 11, split: "99,1,0", split_index: 0, num_samples: 100_000 };
+    const small = { sources: [{ prefix: "data/small" }], seq_length: 128, seed: 11, split: "100,0,0", split_index: 0, num_samples: 50 };
+    const worker = await startServer(ws, ["--admin-token", ADMIN], { buildOffThread: workerIndexBuilder("node") });
+    const inline = await startServer(ws, ["--admin-token", ADMIN]);
+    servers.push(worker, inline);
+    await register(worker, "large", large);
+    await register(worker, "small", small);
+    await register(inline, "large", large);
+    expect(await builds(worker)).toEqual({ event_loop: 1, worker: 1 }); // the small one stays on the event loop
+    expect(await builds(inline)).toEqual({ event_loop: 1, worker: 0 });
+    const describe = async (rf: RunningServer) => {
+      const d = await (await fetch(`${rf.url}/v1/datasets/large`)).json();
+      delete d.buildSeconds;
+      return d;
+    };
+    expect(await describe(worker)).toEqual(await describe(inline));
+    for (const step of [0, 1, 777, 3124]) {
+      const path = `/v1/datasets/large/batches/${step}?rank=1&world=4&micro_batch=8`;
+      const [a, b] = await Promise.all([worker, inline].map(async (rf) => {
+        const res = await fetch(rf.url + path);
+        expect(res.status).toBe(200);
+        return new Uint8Array(await res.arrayBuffer());
+      }));
+      expectSameBytes(a, b);
+    }
+  });
+
+  it("answers 400 naming the file for a malformed .idx built on the worker, and keeps serving", async () => {
+    await putSyntheticDataset(ws, "big", 20_000, 20, 400, 3);
+    const idx = await import("node:fs/promises").then((fs) => fs.readFile(`${ws.origin}/big.idx`));
+    idx[20] = 0xff; // a count past the end of the file
+    await ws.put("big.idx", idx);
+    const rf = await startServer(ws, ["--admin-token", ADMIN], { buildOffThread: workerIndexBuilder("node") });
+    servers.push(rf);
+    const res = await fetch(`${rf.url}/v1/datasets/large`, {
+      method: "PUT",
+      headers: { "content-type": "application/json", authorization: `Bearer ${ADMIN}` },
+      body: JSON.stringify({ sources: [{ prefix: "data/big" }], seq_length: 128, seed: 1, split: "100,0,0", split_index: 0, num_samples: 100_000 }),
+    });
+    expect(res.status).toBe(400);
+    expect((await res.json()).message).toMatch(/Cannot read index "data\/big\.idx"/);
+    expect(await builds(rf)).toEqual({ event_loop: 0, worker: 1 });
+    expect((await fetch(`${rf.url}/healthz`)).status).toBe(200);
+  });
+
+  it("applies registrations of one name in the order they arrived, and answers 409 to one overtaken", async () => {
+    await putSyntheticDataset(ws, "big", 20_000, 20, 400, 3);
+    // The large build waits on a gate, so the later registration deterministically ends first.
+    let entered!: () => void;
+    const buildStarted = new Promise<void>((r) => (entered = r));
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const gated = async (input: IndexBuildInput) => {
+      entered();
+      await gate;
+      return buildFromIndexFiles(input);
+    };
+    const rf = await startServer(ws, ["--admin-token", ADMIN], { buildOffThread: gated });
+    servers.push(rf);
+    const body = (numSamples: number) => ({ sources: [{ prefix: "data/big" }], seq_length: 128, seed: 1, split: "100,0,0", split_index: 0, num_samples: numSamples });
+    const put = (numSamples: number) =>
+      fetch(`${rf.url}/v1/datasets/d`, {
+        method: "PUT",
+        headers: { "content-type": "application/json", authorization: `Bearer ${ADMIN}` },
+        body: JSON.stringify(body(numSamples)),
+      });
+    const first = put(100_000); // large: built off the event loop, behind the gate
+    await buildStarted;
+    const second = await put(1000); // small: built at once
+    expect(second.status, await second.clone().text()).toBe(201);
+    release();
+    const overtaken = await first;
+    expect(overtaken.status).toBe(409);
+    expect((await overtaken.json()).message).toMatch(/Registration of dataset "d" was superseded by a later one/);
+    expect((await (await fetch(`${rf.url}/v1/datasets/d`)).json()).numSamples).toBe(1000);
+    // A registration sent after both replaces it as usual.
+    expect((await put(2000)).status).toBe(200);
+    expect((await (await fetch(`${rf.url}/v1/datasets/d`)).json()).numSamples).toBe(2000);
+  });
+});
