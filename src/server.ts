@@ -35,6 +35,8 @@ export interface RackfeedServer {
   readonly datasets: DatasetCatalog;
   readonly prefetch: PrefetchJobs;
   readonly batchStats: BatchStats;
+  /** Consumers' read-ahead schedules (their look-ahead, fresh; /metrics shows a snapshot). */
+  readonly readAhead: ReadAhead;
   /**
    * Opens the shared-memory control socket (after HTTP is listening, since its default name holds
    * the port). Resolves to undefined when `--shm-dir off`.
@@ -127,6 +129,9 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     maxBytes: config.diskBytes,
     maxPendingWrites: config.diskWriteQueue,
     onError: (m, e) => env.log(m, e),
+    owner: env.pid !== undefined && env.isAlive ? { pid: env.pid, isAlive: env.isAlive } : undefined,
+  }).catch((e) => {
+    throw new CacheDirStartupError(`Invalid --cache-dir ${config.cacheDir}: ${(e as Error).message}`, { cause: e });
   });
   let metrics: Metrics | undefined = undefined;
   const cache = new BlockCache({
@@ -191,11 +196,25 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     ? new BatchBodyPool({ poolBytes: config.batchPoolBytes, inflightBytes: config.batchInflightBytes, maxWaiting: 1024, waitMs: BATCH_WAIT_MS })
     : undefined;
   const instance = crypto.randomUUID().slice(0, 8);
+  // Planning every consumer's look-ahead costs up to --read-ahead-max-steps plans each, all on the
+  // event loop (~0.4 s for 512 consumers): /metrics (open to anyone) and /v1/status (the dashboard
+  // polls it every second, per open tab) share a snapshot kept 50 × as long as it took to make
+  // (at most 1 s), so it costs at most ~2 % of the loop, and a few consumers' is always fresh.
+  let lookaheadSnap: { until: number; value: ReturnType<ReadAhead["lookahead"]> } | undefined;
+  const lookahead = () => {
+    const t0 = env.now();
+    if (!lookaheadSnap || t0 >= lookaheadSnap.until) {
+      const value = readAhead.lookahead();
+      const t1 = env.now();
+      lookaheadSnap = { until: t1 + Math.min(LOOKAHEAD_SNAPSHOT_MAX_MS, 50 * (t1 - t0)), value };
+    }
+    return lookaheadSnap.value;
+  };
   const sources: MetricSources = {
     shm: () => shm?.stats(),
     batches: () => batchStats,
     datasetBuilds: () => datasets.builds(),
-    lookahead: () => readAhead.lookahead(),
+    lookahead,
     readAheadBlocks: () => readAhead.blocksWarmed,
     cache: () => cache.stats(),
     memory: () => memory.stats(),
@@ -212,6 +231,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
       await datasets.register(d.name, d.body);
     } catch (e) {
       await cache.close();
+      await disk.close();
       throw new DatasetStartupError(`Cannot register dataset "${d.name}" (${d.source}): ${(e as Error).message}`, { cause: e });
     }
   }
@@ -244,6 +264,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     datasets,
     prefetch,
     batchStats,
+    readAhead,
     async startShm(port) {
       if (config.shmDir === undefined || shm) return shm;
       const socketPath = config.shmSocket ?? `${config.shmDir}/rackfeed-${port}.sock`;
@@ -284,6 +305,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
       await shm?.close();
       prefetch.close();
       await cache.close(graceMs);
+      await disk.close();
       await Promise.all([...origins.values()].map((o) => o.origin.close()));
     },
   };
@@ -294,6 +316,17 @@ export class ShmStartupError extends Error {
   constructor(message: string, options?: { cause?: unknown }) {
     super(message, options);
     this.name = "ShmStartupError";
+  }
+}
+
+/** The longest one look-ahead snapshot serves /metrics and /v1/status. */
+const LOOKAHEAD_SNAPSHOT_MAX_MS = 1000;
+
+/** The NVMe tier's directory cannot be used (not a directory, not writable, or another server's); the CLI exits 2. */
+export class CacheDirStartupError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "CacheDirStartupError";
   }
 }
 

@@ -75,6 +75,8 @@ export class BlockCache {
   readonly #flights = new Map<string, BlockFill>();
   /** Where each fill got its bytes; weak, so finished fills are not kept. */
   readonly #fillSource = new WeakMap<BlockFill, "disk" | "origin">();
+  /** Background (prefetch) fills: aborting the controller moves their queued reads to the foreground. */
+  readonly #promote = new WeakMap<BlockFill, AbortController>();
   /** Block keys of each object version, made once (see `keyOf`); weak, so they go with the version. */
   #keys = new WeakMap<ObjectInfo, KeyStrings>();
   /** Keys made since `#keys` was last started over. */
@@ -233,7 +235,11 @@ export class BlockCache {
       }
       bytes = await fill.done;
     }
-    if (disk) await disk.writeAndWait(k, bytes);
+    // A block the NVMe tier could not store (write error, full disk, tier smaller than a block) is
+    // not "done": the job fails, naming why, instead of reporting a warm disk that is cold.
+    if (disk && !(await disk.writeAndWait(k, bytes))) {
+      throw new Error(`Cannot store block ${index} of "${key}" in the NVMe tier (see the server log: disk write errors or --disk-bytes)`);
+    }
     return false;
   }
 
@@ -300,6 +306,8 @@ export class BlockCache {
     const flight = this.#flights.get(k);
     if (flight) {
       if (!prefetch) this.#coalesced++;
+      // A reader (or read-ahead) now needs a block a prefetch job is filling at background priority.
+      this.#promote.get(flight)?.abort();
       return flight;
     }
     const length = Math.min(this.#blockBytes, info.size - index * this.#blockBytes);
@@ -319,6 +327,8 @@ export class BlockCache {
     background = false,
   ): Promise<void> {
     const t0 = this.#now();
+    const promote = background ? new AbortController() : undefined;
+    if (promote) this.#promote.set(fill, promote);
     try {
       // Check the lower tier inside the flight: the only place a concurrent fill of the same
       // key cannot race us, so a block is read from disk once however many readers arrive.
@@ -341,7 +351,7 @@ export class BlockCache {
       const group = new AbortController();
       for (let i = 0; i < fill.parts; i++) {
         const [s, e] = fill.partRange(i);
-        parts.push(gw.read(key, info, base + s, buf.subarray(s, e), { background, group }).then(() => fill.partDone(i)));
+        parts.push(gw.read(key, info, base + s, buf.subarray(s, e), { background, group, promote: promote?.signal }).then(() => fill.partDone(i)));
       }
       await Promise.all(parts);
       this.#memory.set(k, buf);

@@ -7,7 +7,7 @@
 
 import { createHash, randomBytes } from "node:crypto";
 import { crc32 } from "node:zlib";
-import { mkdir, open, readdir, rename, rm, stat, unlink } from "node:fs/promises";
+import { mkdir, open, readdir, readFile, rename, rm, stat, unlink } from "node:fs/promises";
 
 // Format 2 checks payloads with CRC-32 (zlib's, SIMD: 3–7 GB/s here) instead of format 1's
 // SHA-256 (~1.1 GB/s, on the main thread for every block written and read: 18 % of a cold
@@ -44,7 +44,23 @@ export interface DiskTierOptions {
   readonly maxPendingWrites: number;
   /** Reports unexpected I/O failures (defaults to silence; the counters still move). */
   readonly onError?: (message: string, cause: unknown) => void;
+  /** This process's id and a liveness test: a directory locked by another live process is refused. */
+  readonly owner?: { readonly pid: number; readonly isAlive: (pid: number) => boolean };
 }
+
+/** The cache directory is already used by another server (each needs its own budget and files). */
+export class CacheDirInUseError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "CacheDirInUseError";
+  }
+}
+
+/**
+ * Cache directories whose lock this process holds, and how many tiers use each. Servers in one
+ * process (tests, embedding) share the lock; it is released when the last of them closes.
+ */
+const HELD = new Map<string, number>();
 
 interface Entry {
   readonly path: string;
@@ -64,6 +80,8 @@ interface Entry {
  */
 export class DiskTier {
   readonly #dir: string;
+  /** Whether this tier holds (a share of) the directory's lock. */
+  #locked = false;
   readonly #maxBytes: number;
   readonly #maxPending: number;
   readonly #onError: (message: string, cause: unknown) => void;
@@ -103,8 +121,61 @@ export class DiskTier {
       );
     }
     const tier = new DiskTier(opts);
-    await tier.#rebuild();
+    await tier.#lock(opts.owner);
+    try {
+      await tier.#rebuild();
+    } catch (e) {
+      await tier.close();
+      throw e;
+    }
     return tier;
+  }
+
+  /**
+   * Takes `<dir>/lock` (O_EXCL, holding the pid): two servers on one directory would each keep
+   * the whole budget (together twice --disk-bytes), evict each other's files and delete each
+   * other's temporary files at start-up. A lock of a process that no longer runs is taken over.
+   */
+  async #lock(owner: DiskTierOptions["owner"]): Promise<void> {
+    const held = HELD.get(this.#dir);
+    if (held !== undefined) {
+      HELD.set(this.#dir, held + 1);
+      this.#locked = true;
+      return;
+    }
+    await mkdir(this.#dir, { recursive: true });
+    const path = `${this.#dir}/lock`;
+    for (let attempt = 0; attempt < 2; attempt++) {
+      try {
+        const fh = await open(path, "wx");
+        await fh.writeFile(`${owner?.pid ?? 0}\n`);
+        await fh.close();
+        HELD.set(this.#dir, 1);
+        this.#locked = true;
+        return;
+      } catch (e) {
+        if ((e as { code?: string }).code !== "EEXIST") throw e;
+      }
+      const pid = Number((await readFile(path, "utf8").catch(() => "")).trim());
+      if (owner && Number.isSafeInteger(pid) && pid > 0 && pid !== owner.pid && owner.isAlive(pid)) {
+        throw new CacheDirInUseError(`Cache directory ${this.#dir} is in use by process ${pid} (another rackfeed server); give each server its own --cache-dir`);
+      }
+      await unlink(path).catch(() => {}); // left by a server that is gone
+    }
+    throw new CacheDirInUseError(`Cannot lock cache directory ${this.#dir}: ${path} keeps coming back`);
+  }
+
+  /** Releases the directory (after `flush()`). */
+  async close(): Promise<void> {
+    if (!this.#locked) return;
+    this.#locked = false;
+    const users = (HELD.get(this.#dir) ?? 1) - 1;
+    if (users > 0) {
+      HELD.set(this.#dir, users);
+      return;
+    }
+    HELD.delete(this.#dir);
+    await unlink(`${this.#dir}/lock`).catch(() => {});
   }
 
   async #rebuild(): Promise<void> {
@@ -174,9 +245,11 @@ export class DiskTier {
         await fh.close();
       }
     } catch (e) {
-      // Evicted between the index lookup and the open (ENOENT) is an ordinary miss.
-      if ((e as { code?: string }).code !== "ENOENT") this.#onError(`Cannot read block file ${entry.path}`, e);
-      this.#drop(key, entry);
+      // Evicted between the index lookup and the open (ENOENT) is an ordinary miss. Any other
+      // failure (EMFILE, EIO) keeps the entry: the file is still there and still counts against
+      // the budget (dropping it from the index would leave it on disk, unaccounted, for good).
+      if ((e as { code?: string }).code === "ENOENT") this.#drop(key, entry);
+      else this.#onError(`Cannot read block file ${entry.path}`, e);
       return undefined;
     }
     const payload = verifyBlockFile(file, key);
@@ -241,7 +314,11 @@ export class DiskTier {
     try {
       await this.#evictUntil(0);
       const header = encodeHeader(keyBytes, payload);
-      const fh = await open(tmp, "wx");
+      const fh = await open(tmp, "wx").catch(async (e) => {
+        if ((e as { code?: string }).code !== "ENOENT") throw e;
+        await mkdir(`${this.#dir}/tmp`, { recursive: true }); // removed under us: recreate, once
+        return await open(tmp, "wx");
+      });
       try {
         // writev may write less (a full disk); a short file would be renamed into place and then
         // fail its check on every read, so it is refused here as the write error it is.

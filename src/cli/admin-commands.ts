@@ -78,7 +78,14 @@ export async function prefetchCommand(args: readonly string[], host: AdminHost):
   if (token) headers.authorization = `Bearer ${token}`;
   const doFetch = host.fetch ?? fetch;
   const server = v.server.replace(/\/+$/, "");
-  const res = await doFetch(`${server}/prefetch`, { method: "POST", headers, body: JSON.stringify(body) });
+  let res: Response;
+  try {
+    res = await doFetch(`${server}/prefetch`, { method: "POST", headers, body: JSON.stringify(body) });
+  } catch (e) {
+    const cause = (e as Error).cause instanceof Error ? ` (${((e as Error).cause as Error).message})` : "";
+    host.printError(`rackfeed prefetch: cannot reach ${server}: ${(e as Error).message}${cause}`);
+    return 1;
+  }
   const job = await res.json().catch(() => ({})) as PrefetchProgress & { message?: string };
   if (res.status !== 202) {
     host.printError(`rackfeed prefetch: the server answered ${res.status}: ${job.message ?? res.statusText}`);

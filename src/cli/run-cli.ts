@@ -6,7 +6,7 @@ import { TUNABLES } from "../config/defaults.ts";
 import { DEMO_TOKEN_DATASET, ensureDemoDataset } from "../demo/demo-dataset.ts";
 import type { ClientGone, Listen, WhenDone } from "../runtime/listener.ts";
 import type { IndexBuilder } from "../runtime/index-builder.ts";
-import { createServer, DatasetStartupError, type ServerEnv } from "../server.ts";
+import { CacheDirStartupError, createServer, DatasetStartupError, type ServerEnv } from "../server.ts";
 
 /** What the CLI needs from the runtime it runs on (built in `runtime/deno.ts` or `runtime/node.ts`). */
 export interface CliHost {
@@ -90,7 +90,14 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   let config;
   try {
     const demoArgs = demo ? await demoDefaults(host, args) : [];
-    config = loadConfig({ args: [...demoArgs, ...args], env: host.env, readTextFile: host.readTextFile, cwd: host.cwd });
+    config = loadConfig({
+      args: [...demoArgs, ...args],
+      env: host.env,
+      readTextFile: host.readTextFile,
+      cwd: host.cwd,
+      // The demo's small budgets are defaults: a flag, variable or config file still wins.
+      defaults: demo ? DEMO_BUDGETS : undefined,
+    });
   } catch (e) {
     if (e instanceof ConfigError) {
       host.printError(`rackfeed: ${e.message}`);
@@ -118,7 +125,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       buildOffThread: host.buildOffThread,
     });
   } catch (e) {
-    if (e instanceof DatasetStartupError) {
+    if (e instanceof DatasetStartupError || e instanceof CacheDirStartupError) {
       host.printError(`rackfeed: ${e.message}`);
       return 2;
     }
@@ -180,10 +187,11 @@ async function demoDefaults(host: CliHost, args: readonly string[]): Promise<str
   await ensureDemoDataset(dir);
   const out = ["--origin", `demo=${dir}`];
   if (!args.includes("--dataset")) out.push("--dataset", `${DEMO_TOKEN_DATASET.name}=${dir}/${DEMO_TOKEN_DATASET.registration}`);
-  if (!args.includes("--memory-bytes")) out.push("--memory-bytes", "256MiB");
-  if (!args.includes("--disk-bytes")) out.push("--disk-bytes", "1GiB");
   return out;
 }
+
+/** The demo's budgets, as defaults (flags, environment and a config file override them). */
+const DEMO_BUDGETS = { memoryBytes: "256MiB", diskBytes: "1GiB" } as const;
 
 function describe(e: unknown): string {
   if (!(e instanceof Error)) return String(e);

@@ -48,7 +48,8 @@ function sizeMultipleIn(unit: number, min: number, max: number): Parser<number> 
 
 function intIn(min: number, max: number): Parser<number> {
   return (raw, what) => {
-    const v = typeof raw === "number" ? raw : Number(String(raw).trim());
+    // Decimal digits only: Number("") and Number(" ") are 0, Number("0x10") is 16.
+    const v = typeof raw === "number" ? raw : /^\s*\d+\s*$/.test(String(raw)) ? Number(String(raw).trim()) : NaN;
     if (!Number.isSafeInteger(v) || v < min || v > max) {
       throw new RangeError(`Invalid ${what}: expected an integer from ${min} to ${max}, received "${raw}"`);
     }
@@ -75,7 +76,7 @@ function positiveDurationIn(maxMs: number): Parser<number> {
 
 function factor(min: number, max: number): Parser<number> {
   return (raw, what) => {
-    const v = typeof raw === "number" ? raw : Number(String(raw).trim());
+    const v = typeof raw === "number" ? raw : /^\s*\d+(\.\d+)?\s*$/.test(String(raw)) ? Number(String(raw).trim()) : NaN;
     if (!Number.isFinite(v) || (v !== 0 && (v < min || v > max))) {
       throw new RangeError(`Invalid ${what}: expected 0 (off) or a number from ${min} to ${max}, received "${raw}"`);
     }

@@ -89,6 +89,11 @@ export interface ConfigSources {
   readonly readTextFile: (path: string) => string;
   /** Directory that relative paths are resolved against. */
   readonly cwd: string;
+  /**
+   * Defaults that replace the table's (the demo's smaller budgets): below flags, environment and
+   * config file, so they never override what the operator set.
+   */
+  readonly defaults?: Readonly<Partial<Record<TunableKey, string>>>;
 }
 
 /** Raised for any bad configuration; the CLI prints its message and exits 2. */
@@ -148,7 +153,7 @@ export function loadConfig(src: ConfigSources): Config {
       [flags[t.flag.slice(2)], t.flag],
       [src.env[t.env], `environment variable ${t.env}`],
       [file[key], `"${key}" in ${configPath}`],
-      [t.default, `default of ${t.flag}`],
+      [src.defaults?.[key] ?? t.default, `default of ${t.flag}`],
     ];
     const hit = candidates.find(([v]) => v !== undefined);
     if (!hit) {
@@ -243,6 +248,12 @@ export function loadConfig(src: ConfigSources): Config {
     );
   }
 
+  // A block file is the block plus a header (magic, lengths, CRC and the key, up to 4 KiB).
+  if ((values.diskBytes as number) < (values.blockBytes as number) + 8192) {
+    throw new ConfigError(
+      `Invalid --disk-bytes: ${values.diskBytes} cannot hold one block file (--block-bytes ${values.blockBytes} plus its header); the NVMe tier would never store anything`,
+    );
+  }
   if ((values.tlsCert === undefined) !== (values.tlsKey === undefined)) {
     throw new ConfigError("Invalid TLS configuration: --tls-cert and --tls-key go together; give both or neither");
   }

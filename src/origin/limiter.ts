@@ -49,8 +49,8 @@ export class ConcurrencyLimiter {
    * @throws {OverloadedError} when the queue is full
    * @throws the signal's reason when it aborts before `fn` starts
    */
-  async run<T>(fn: () => Promise<T>, opts: { background?: boolean; signal?: AbortSignal } = {}): Promise<T> {
-    const background = opts.background === true;
+  async run<T>(fn: () => Promise<T>, opts: { background?: boolean; signal?: AbortSignal; promote?: AbortSignal } = {}): Promise<T> {
+    const background = opts.background === true && !opts.promote?.aborted;
     const signal = opts.signal;
     if (signal?.aborted) throw signal.reason;
     if (this.#mayStart(background)) {
@@ -63,16 +63,29 @@ export class ConcurrencyLimiter {
       const queue = background ? this.#background : this.#queue;
       await new Promise<void>((resolve, reject) => {
         const onAbort = () => {
-          const at = queue.indexOf(start);
+          const q = queue.includes(start) ? queue : this.#queue;
+          const at = q.indexOf(start);
           if (at < 0) return; // already dispatched: its slot is taken and fn runs
-          queue.splice(at, 1);
+          q.splice(at, 1);
           reject(signal!.reason);
+        };
+        // A background read that a foreground reader came to need (it joined the block's fill)
+        // moves to the foreground queue: otherwise it would wait for as long as foreground reads
+        // keep coming, and so would that reader.
+        const onPromote = () => {
+          const at = this.#background.indexOf(start);
+          if (at < 0) return;
+          this.#background.splice(at, 1);
+          this.#queue.push(start);
+          this.#dispatch();
         };
         const start = () => {
           signal?.removeEventListener("abort", onAbort);
+          opts.promote?.removeEventListener("abort", onPromote);
           resolve();
         };
         signal?.addEventListener("abort", onAbort, { once: true });
+        if (background) opts.promote?.addEventListener("abort", onPromote, { once: true });
         queue.push(start);
       });
       this.#peakQueue = Math.max(this.#peakQueue, this.#queue.length + this.#background.length + 1);

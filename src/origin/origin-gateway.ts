@@ -176,9 +176,15 @@ export class OriginGateway {
    * the group before its slot passes on, and the others then leave the queue unread (an S3 read
    * in flight is aborted too), so a dead origin does not keep slots busy for bytes nobody wants.
    */
-  async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array, opts: { background?: boolean; group?: AbortController } = {}): Promise<void> {
+  async read(
+    key: string,
+    info: ObjectInfo,
+    offset: number,
+    dest: Uint8Array,
+    opts: { background?: boolean; group?: AbortController; promote?: AbortSignal } = {},
+  ): Promise<void> {
     const group = opts.group;
-    await this.#count("read", () => this.origin.read(key, info, offset, dest, group?.signal), opts.background === true, group);
+    await this.#count("read", () => this.origin.read(key, info, offset, dest, group?.signal), opts.background === true, group, opts.promote);
     this.#bytes += dest.length;
     this.#onSuccess();
   }
@@ -263,7 +269,7 @@ export class OriginGateway {
     return Math.min(this.#maxConcurrency, Math.max(this.#minCeiling, needed));
   }
 
-  async #count<T>(op: "stat" | "read" | "list", fn: () => Promise<T>, background = false, group?: AbortController): Promise<T> {
+  async #count<T>(op: "stat" | "read" | "list", fn: () => Promise<T>, background = false, group?: AbortController, promote?: AbortSignal): Promise<T> {
     return await this.#limiter.run(async () => {
       this.#requests[op]++;
       try {
@@ -276,6 +282,6 @@ export class OriginGateway {
         group?.abort(e);
         throw e;
       }
-    }, { background, signal: group?.signal });
+    }, { background, signal: group?.signal, promote });
   }
 }

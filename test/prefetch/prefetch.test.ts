@@ -120,7 +120,7 @@ describe("POST /prefetch by object prefix", () => {
     const rf = await start();
     expect((await fetch(`${rf.url}/prefetch`, { method: "POST", body: "{}" })).status).toBe(401);
     expect((await fetch(`${rf.url}/prefetch`)).status).toBe(401);
-    const open = await startServer(ws);
+    const open = await startServer(ws, ["--cache-dir", `${ws.dir}/cache-open`]); // one cache directory per server
     servers.push(open);
     expect((await fetch(`${open.url}/prefetch`, { method: "POST", headers: auth, body: "{}" })).status).toBe(403);
   });
