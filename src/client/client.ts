@@ -29,8 +29,16 @@ export interface RackfeedClientOptions {
   readonly token?: string;
   /** The `fetch` to use; on Node pass `http2Fetch()` from `client/node.ts` for HTTP/2. */
   readonly fetch?: typeof fetch;
-  /** Retries of a transient failure (network error, 429, 502, 503, 504). Default 8. */
+  /**
+   * Retries of a transient failure (network error, timeout, 429, 502, 503, 504), at most.
+   * Default 64; `retryForMs` usually ends them first.
+   */
   readonly retries?: number;
+  /**
+   * How long a request (or the shm stream) keeps retrying a transient failure, from its first
+   * failure, in ms. Default 60 000: a restarting server (its NVMe index rebuilt) takes seconds.
+   */
+  readonly retryForMs?: number;
   /** First backoff in ms, doubled per retry with full jitter. Default 50. */
   readonly backoffMs?: number;
   /** Backoff cap in ms. Default 2000. */
@@ -41,6 +49,24 @@ export interface RackfeedClientOptions {
   readonly now?: () => number;
   /** Waits `ms` (tests inject one). */
   readonly sleep?: (ms: number) => Promise<void>;
+  /**
+   * Longest time one HTTP attempt (headers and body) may take before it is abandoned and
+   * retried, in ms; 0 = none. Default 120 000 (a batch may wait 30 s for room on the server).
+   */
+  readonly timeoutMs?: number;
+}
+
+/** Consumer of `batches()`. */
+export interface BatchesOptions {
+  readonly rank: number;
+  readonly world: number;
+  readonly microBatch: number;
+  readonly startStep?: number;
+  readonly endStep?: number;
+  /** Batches requested (HTTP) or filled (shm) ahead of the caller: 1 to 64, default 2. */
+  readonly prefetch?: number;
+  /** Ends the iteration (and its requests in flight) with the signal's reason. */
+  readonly signal?: AbortSignal;
 }
 
 /** A micro-batch or run of samples: tokens in the dataset's dtype, shape `[n, seq_length + 1]`. */
@@ -99,6 +125,32 @@ const TYPED: Record<string, new (b: ArrayBuffer) => TokenBatch["tokens"]> = {
 
 const TRANSIENT = new Set([429, 502, 503, 504]);
 
+/** Most batches `batches()` keeps in flight ahead of the caller. */
+const MAX_PREFETCH = MAX_RING_SLOTS;
+
+/** Most seconds a timing may hold (the server refuses a report with more, or a negative one). */
+const MAX_TIMING_SECONDS = 86_400;
+
+/** A fetch failure that no retry can fix: a bad URL, an untrusted certificate (undici's and Deno's causes). */
+function permanentFetchFailure(e: unknown): boolean {
+  const cause = (e as { cause?: { code?: unknown; message?: unknown } })?.cause;
+  const text = `${String(cause?.code ?? "")} ${String(cause?.message ?? "")} ${String((e as Error)?.message ?? "")}`;
+  return /CERT|SELF_SIGNED|ERR_TLS|InvalidCertificate|UnknownIssuer|ERR_INVALID_URL|Invalid URL|unsupported scheme/i.test(text);
+}
+
+/** `e`'s message with its cause's (undici says only "fetch failed"). */
+function describeFailure(e: unknown): string {
+  const m = (e as Error)?.message ?? String(e);
+  const c = (e as { cause?: { message?: unknown; code?: unknown } })?.cause;
+  return c ? `${m} (${String(c.code ?? c.message ?? c)})` : m;
+}
+
+function checkInt(v: unknown, what: string, min: number, max = Number.MAX_SAFE_INTEGER): void {
+  if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
+    throw new RangeError(`Invalid ${what}: ${String(v)}; expected an integer from ${min} to ${max}`);
+  }
+}
+
 /** How long a client that found the shared-memory path unusable keeps to HTTP before it asks again (ms). */
 export const SHM_RECHECK_MS = 30_000;
 
@@ -127,6 +179,7 @@ export class RackfeedClient {
   readonly #fetch: typeof fetch;
   readonly #headers: Record<string, string>;
   readonly #retries: number;
+  readonly #retryForMs: number;
   readonly #backoff: number;
   readonly #maxBackoff: number;
   readonly #reportEvery: number;
@@ -136,6 +189,9 @@ export class RackfeedClient {
   readonly #pending = new Map<string, { body: { dataset: string; rank: number; world: number; micro_batch: number }; steps: Map<number, StepTimings> }>();
   #lastConsumer: string | undefined;
   #retried = 0;
+  readonly #timeoutMs: number;
+  /** Reports sent in the background (never on the data path); `close()` waits for them. */
+  readonly #reporting = new Set<Promise<void>>();
 
   /** @param opts server URL, token, transport and retry policy */
   constructor(opts: RackfeedClientOptions) {
@@ -150,6 +206,10 @@ export class RackfeedClient {
       } catch {
         throw new RangeError(`Invalid rackfeed url "${opts.url}": expected e.g. http://127.0.0.1:8080`);
       }
+      // new URL("localhost:8080") parses, with the scheme "localhost:": fetch would then fail every attempt.
+      if (url.protocol !== "http:" && url.protocol !== "https:") {
+        throw new RangeError(`Invalid rackfeed url "${opts.url}": expected http:// or https://, e.g. http://127.0.0.1:8080`);
+      }
       this.#url = url.href.replace(/\/+$/, "");
     }
     this.#socket = opts.socket;
@@ -157,12 +217,14 @@ export class RackfeedClient {
     this.#token = opts.token;
     this.#fetch = opts.fetch ?? globalThis.fetch.bind(globalThis);
     this.#headers = opts.token ? { authorization: `Bearer ${opts.token}` } : {};
-    this.#retries = opts.retries ?? 8;
+    this.#retries = opts.retries ?? 64;
+    this.#retryForMs = opts.retryForMs ?? 60_000;
     this.#backoff = opts.backoffMs ?? 50;
     this.#maxBackoff = opts.maxBackoffMs ?? 2000;
     this.#reportEvery = opts.reportEvery ?? 32;
     this.#now = opts.now ?? (() => performance.now());
     this.#sleep = opts.sleep ?? ((ms) => new Promise((r) => setTimeout(r, ms)));
+    this.#timeoutMs = opts.timeoutMs ?? 120_000;
   }
 
   /** Requests retried since creation (transient failures survived). */
@@ -175,30 +237,46 @@ export class RackfeedClient {
    *
    * @throws {RackfeedError} for a missing object or a bad range
    */
-  async readObject(origin: string, key: string, range: { start?: number; end?: number } = {}): Promise<Uint8Array> {
+  async readObject(origin: string, key: string, range: { start?: number; end?: number } = {}, opts: { signal?: AbortSignal } = {}): Promise<Uint8Array> {
     const path = `/v1/objects/${encodeURIComponent(origin)}/${key.split("/").map(encodeURIComponent).join("/")}`;
     const headers: Record<string, string> = {};
-    if (range.start !== undefined || range.end !== undefined) {
-      headers.range = `bytes=${range.start ?? 0}-${range.end === undefined ? "" : range.end - 1}`;
+    const ranged = range.start !== undefined || range.end !== undefined;
+    if (ranged) {
+      const start = range.start ?? 0;
+      checkInt(start, "range start", 0);
+      if (range.end !== undefined) checkInt(range.end, "range end", start);
+      // The server ignores a malformed Range and sends the whole object: never send one.
+      if (range.end === start) return new Uint8Array(0);
+      headers.range = `bytes=${start}-${range.end === undefined ? "" : range.end - 1}`;
     }
-    const res = await this.#get(path, headers);
-    return new Uint8Array(await res.arrayBuffer());
+    return await this.#get(path, headers, opts.signal, async (res) => {
+      const bytes = new Uint8Array(await res.arrayBuffer());
+      if (ranged && res.status !== 206 && (range.start ?? 0) !== 0) {
+        throw new RackfeedError(res.status, "BAD_RESPONSE", `${path}: asked for bytes ${headers.range}, got status ${res.status} (the whole object?)`);
+      }
+      return ranged && res.status === 200 ? bytes.subarray(0, range.end ?? bytes.length) : bytes;
+    });
   }
 
   /** A dataset's description (`GET /v1/datasets/{name}`). */
   async describe(dataset: string): Promise<Record<string, unknown>> {
-    return await (await this.#get(`/v1/datasets/${encodeURIComponent(dataset)}`)).json();
+    return await this.#get(`/v1/datasets/${encodeURIComponent(dataset)}`, {}, undefined, (res) => res.json());
   }
 
   /** Samples `[start, start + count)`. */
-  async samples(dataset: string, start: number, count: number): Promise<TokenBatch> {
-    return await this.#tokens(`/v1/datasets/${encodeURIComponent(dataset)}/samples?start=${start}&count=${count}`);
+  async samples(dataset: string, start: number, count: number, opts: { signal?: AbortSignal } = {}): Promise<TokenBatch> {
+    checkInt(start, "start", 0);
+    checkInt(count, "count", 1);
+    return await this.#tokens(`/v1/datasets/${encodeURIComponent(dataset)}/samples?start=${start}&count=${count}`, opts.signal);
   }
 
   /** Rank `rank`'s micro-batch of `step`. */
-  async batch(dataset: string, step: number, c: { rank: number; world: number; microBatch: number }): Promise<TokenBatch> {
+  async batch(dataset: string, step: number, c: { rank: number; world: number; microBatch: number; signal?: AbortSignal }): Promise<TokenBatch> {
+    checkInt(step, "step", 0);
+    checkConsumer(c);
     return await this.#tokens(
       `/v1/datasets/${encodeURIComponent(dataset)}/batches/${step}?rank=${c.rank}&world=${c.world}&micro_batch=${c.microBatch}`,
+      c.signal,
     );
   }
 
@@ -208,92 +286,122 @@ export class RackfeedClient {
    * its t_wait; a failed request is retried (same step), so a server restart costs time, never a
    * duplicate or a gap.
    */
-  async *batches(
-    dataset: string,
-    c: { rank: number; world: number; microBatch: number; startStep?: number; endStep?: number; prefetch?: number },
-  ): AsyncGenerator<StepBatch, void, undefined> {
-    const depth = Math.max(1, c.prefetch ?? 2);
-    let end = c.endStep;
-    if (end === undefined && this.#url !== undefined) {
-      const d = await this.describe(dataset);
-      end = Math.floor(Number(d.numSamples) / (c.world * c.microBatch));
-    }
-    const consumer = { dataset, rank: c.rank, world: c.world, micro_batch: c.microBatch };
-    const id = JSON.stringify(consumer);
-    if (!this.#pending.has(id)) this.#pending.set(id, { body: consumer, steps: new Map() });
-    this.#lastConsumer = id;
-    let step = c.startStep ?? 0;
-    for (let attempt = 0; end === undefined || step < end;) {
-      const route = await this.#shmRouteNow();
-      if (!route) break;
-      // The shm path: the server fills `depth` slots ahead, plus the one the caller holds.
-      const it = shmBatches(this.#local!, route.socket, route.instance, this.#token, {
-        dataset,
-        rank: c.rank,
-        world: c.world,
-        microBatch: c.microBatch,
-        startStep: step,
-        endStep: end,
-        slots: Math.min(depth + 1, MAX_RING_SLOTS),
-      });
-      try {
-        for (;;) {
-          const t0 = this.#now();
-          const r = await it.next();
-          if (r.done) {
-            await this.flush();
-            return;
+  async *batches(dataset: string, c: BatchesOptions): AsyncGenerator<StepBatch, void, undefined> {
+    checkConsumer(c);
+    if (c.startStep !== undefined) checkInt(c.startStep, "startStep", 0);
+    if (c.endStep !== undefined) checkInt(c.endStep, "endStep", 0);
+    if (c.prefetch !== undefined) checkInt(c.prefetch, "prefetch", 1, MAX_PREFETCH);
+    const depth = c.prefetch ?? 2;
+    // Aborted when the caller stops (break, throw, its signal): no request outlives the loop.
+    const ac = new AbortController();
+    const onAbort = () => ac.abort(c.signal!.reason);
+    c.signal?.addEventListener("abort", onAbort, { once: true });
+    if (c.signal?.aborted) onAbort();
+    const signal = ac.signal;
+    // t_wait: from the caller's next() to its batch, whatever happened meanwhile (route lookups,
+    // reconnects, backoffs, a switch of transport).
+    let waitFrom = this.#now();
+    try {
+      let end = c.endStep;
+      if (end === undefined && this.#url !== undefined) {
+        const d = await this.describe(dataset);
+        end = Math.floor(Number(d.numSamples) / (c.world * c.microBatch));
+        if (!Number.isSafeInteger(end)) throw new RackfeedError(0, "BAD_RESPONSE", `Dataset "${dataset}" has no numSamples in its description`);
+      }
+      const consumer = { dataset, rank: c.rank, world: c.world, micro_batch: c.microBatch };
+      const id = JSON.stringify(consumer);
+      if (!this.#pending.has(id)) this.#pending.set(id, { body: consumer, steps: new Map() });
+      this.#lastConsumer = id;
+      let step = c.startStep ?? 0;
+      let failingSince = NaN; // when the shm stream's current run of failures began
+      for (let attempt = 0; end === undefined || step < end;) {
+        const route = await this.#shmRouteNow(signal);
+        if (!route) break;
+        // The shm path: the server fills `depth` slots ahead, plus the one the caller holds.
+        const it = shmBatches(this.#local!, route.socket, route.instance, this.#token, {
+          dataset,
+          rank: c.rank,
+          world: c.world,
+          microBatch: c.microBatch,
+          startStep: step,
+          endStep: end,
+          slots: Math.min(depth + 1, MAX_RING_SLOTS),
+          signal,
+        });
+        try {
+          for (;;) {
+            const r = await it.next();
+            if (r.done) {
+              // The server ends at the dataset's last full step: asked for more, say so as HTTP does (416).
+              if (c.endStep !== undefined && step < c.endStep) {
+                throw new RackfeedError(416, "RANGE_NOT_SATISFIABLE", `Step ${step} is beyond dataset "${dataset}" (world=${c.world}, micro_batch=${c.microBatch}): the server ended the shared-memory stream there`);
+              }
+              this.#background(this.flush());
+              return;
+            }
+            const waitSeconds = (this.#now() - waitFrom) / 1000;
+            this.#record(id, { step: r.value.step, t_wait: waitSeconds });
+            attempt = 0;
+            failingSince = NaN;
+            step = r.value.step + 1;
+            yield { ...slotTokens(r.value), step: r.value.step, waitSeconds, transport: "shm" };
+            waitFrom = this.#now();
+            this.#autoFlush(id);
           }
-          const waitSeconds = (this.#now() - t0) / 1000;
-          this.#record(id, { step: r.value.step, t_wait: waitSeconds });
-          attempt = 0;
-          step = r.value.step + 1;
-          yield { ...slotTokens(r.value), step: r.value.step, waitSeconds, transport: "shm" };
+        } catch (e) {
+          if (signal.aborted) throw signal.reason;
+          if (!(e instanceof ShmError)) throw e;
+          if (e.code === "SHM_FULL" || e.code === "SHM_UNREACHABLE") {
+            this.#noShm(); // no room for a ring on this server, or no way to read it: HTTP for a while
+            continue;
+          }
+          if (e.status !== 0 && !TRANSIENT.has(e.status)) throw new RackfeedError(e.status, e.code, e.message);
+          if (Number.isNaN(failingSince)) failingSince = this.#now();
+          if (this.#givesUp(attempt, failingSince)) {
+            throw new RackfeedError(e.status, "UNAVAILABLE", `Shared-memory path failed after ${attempt + 1} attempts: ${e.message}`);
+          }
+          this.#shmRoute = undefined; // a restarted server has a new instance (and maybe socket)
+          this.#retried++;
+          await this.#pause(this.#backoffMs(attempt++), signal);
+        } finally {
+          await it.return();
         }
-      } catch (e) {
-        if (!(e instanceof ShmError)) throw e;
-        if (e.code === "SHM_FULL" || e.code === "SHM_UNREACHABLE") {
-          this.#noShm(); // no room for a ring on this server, or no way to read it: HTTP for a while
-          continue;
+      }
+      if (end === undefined) throw new RangeError("batches() over a socket alone needs the shm path; give a url too");
+      const inFlight = new Map<number, Promise<TokenBatch>>();
+      let next = step;
+      const fill = (upTo: number) => {
+        for (; next < Math.min(end!, upTo); next++) {
+          const p = this.batch(dataset, next, { ...c, signal });
+          p.catch(() => {}); // surfaced when awaited, in order
+          inFlight.set(next, p);
         }
-        if (e.status !== 0 && !TRANSIENT.has(e.status)) throw new RackfeedError(e.status, e.code, e.message);
-        if (attempt >= this.#retries) throw new RackfeedError(e.status, "UNAVAILABLE", `Shared-memory path failed after ${attempt + 1} attempts: ${e.message}`);
-        this.#shmRoute = undefined; // a restarted server has a new instance (and maybe socket)
-        this.#retried++;
-        await this.#sleep(this.#backoffMs(attempt++));
-      } finally {
-        await it.return();
+      };
+      for (; step < end; step++) {
+        fill(step + depth);
+        const b = await inFlight.get(step)!;
+        inFlight.delete(step);
+        const waitSeconds = (this.#now() - waitFrom) / 1000;
+        this.#record(id, { step, t_wait: waitSeconds });
+        yield { ...b, step, waitSeconds, transport: "http" };
+        waitFrom = this.#now();
+        this.#autoFlush(id);
       }
+      // Never on the data path: a report that fails must not fail (or hold) the iteration; close() waits for it.
+      this.#background(this.flush());
+    } finally {
+      c.signal?.removeEventListener("abort", onAbort);
+      ac.abort(new DOMException("batches() ended", "AbortError"));
     }
-    if (end === undefined) throw new RangeError("batches() over a socket alone needs the shm path; give a url too");
-    const inFlight = new Map<number, Promise<TokenBatch>>();
-    let next = step;
-    const fill = (upTo: number) => {
-      for (; next < Math.min(end!, upTo); next++) {
-        const p = this.batch(dataset, next, c);
-        p.catch(() => {}); // surfaced when awaited, in order
-        inFlight.set(next, p);
-      }
-    };
-    for (; step < end; step++) {
-      fill(step + depth);
-      const t0 = this.#now();
-      const b = await inFlight.get(step)!;
-      inFlight.delete(step);
-      const waitSeconds = (this.#now() - t0) / 1000;
-      this.#record(id, { step, t_wait: waitSeconds });
-      yield { ...b, step, waitSeconds, transport: "http" };
-    }
-    await this.flush();
   }
 
   /** The transport `batches()` would take now: `shm` when a co-located server's socket answers, else `http`. */
   async transport(): Promise<"shm" | "http"> {
-    return (await this.#shmRouteNow()) ? "shm" : "http";
+    return (await this.#shmRouteNow(undefined)) ? "shm" : "http";
   }
 
   /** Finds the shm socket (asking `GET /v1/shm` unless given) and checks it leads to the same server. */
-  async #shmRouteNow(): Promise<{ socket: string; instance: string | undefined } | null> {
+  async #shmRouteNow(signal: AbortSignal | undefined): Promise<{ socket: string; instance: string | undefined } | null> {
     // Not usable is not for ever: a restarted server, freed room, a socket that came up late.
     if (this.#shmRoute === null && this.#local && this.#now() - this.#shmRouteNullAt >= SHM_RECHECK_MS) this.#shmRoute = undefined;
     if (this.#shmRoute !== undefined) return this.#shmRoute;
@@ -301,7 +409,7 @@ export class RackfeedClient {
     if (this.#socket !== undefined && this.#url === undefined) return (this.#shmRoute = { socket: this.#socket, instance: undefined });
     let info: { socket: string; instance: string };
     try {
-      info = await (await this.#get("/v1/shm")).json();
+      info = await this.#get("/v1/shm", {}, signal, (res) => res.json());
     } catch (e) {
       if (e instanceof RackfeedError && e.status === 404) return this.#noShm(); // shm off
       throw e;
@@ -331,31 +439,89 @@ export class RackfeedClient {
       ? JSON.stringify({ dataset: consumer.dataset, rank: consumer.rank, world: consumer.world, micro_batch: consumer.microBatch })
       : this.#lastConsumer;
     if (id === undefined) throw new RangeError("reportStep() before any batches(): pass the consumer");
+    checkInt(step, "step", 0);
+    for (const k of ["t_h2d", "t_compute"] as const) {
+      const v = t[k];
+      // The server refuses a whole report for one bad value: refuse it here, where the caller sees it.
+      if (v !== undefined && !(typeof v === "number" && v >= 0 && v <= MAX_TIMING_SECONDS)) {
+        throw new RangeError(`Invalid ${k} for step ${step}: ${String(v)}; expected seconds from 0 to ${MAX_TIMING_SECONDS}`);
+      }
+    }
     if (!this.#pending.has(id)) this.#pending.set(id, { body: JSON.parse(id), steps: new Map() });
     this.#record(id, { step, t_wait: this.#pending.get(id)!.steps.get(step)?.t_wait ?? NaN, ...t });
+    this.#autoFlush(id);
   }
 
   /** Sends the queued timings now. */
   async flush(): Promise<void> {
+    await this.#send(undefined);
+  }
+
+  /**
+   * Sends queued timings. `hold`: the consumer whose newest steps still wait for the caller's
+   * t_h2d/t_compute (a step's timings must travel in one report: the server judges a step
+   * healthy only from all three), kept back unless they are older than the last two steps.
+   */
+  async #send(hold: string | undefined): Promise<void> {
     if (this.#url === undefined) return; // a socket-only client has nowhere to report
-    for (const p of this.#pending.values()) {
+    for (const [id, p] of this.#pending) {
       if (p.steps.size === 0) continue;
-      const steps = [...p.steps.values()].map((s) => (Number.isNaN(s.t_wait) ? { ...s, t_wait: undefined } : s));
-      p.steps.clear();
+      let newest = -Infinity;
+      if (id === hold) for (const k of p.steps.keys()) newest = Math.max(newest, k);
+      const out: StepTimings[] = [];
+      for (const [k, s] of p.steps) {
+        if (id === hold && k >= newest - 1 && s.t_h2d === undefined && s.t_compute === undefined) continue;
+        out.push(s);
+        p.steps.delete(k);
+      }
+      const steps = out.map((s) => (Number.isNaN(s.t_wait) ? { ...s, t_wait: undefined } : s));
       // The server takes at most MAX_REPORT_STEPS per report (a large reportEvery queues more).
       for (let i = 0; i < steps.length; i += MAX_REPORT_STEPS) {
         await this.#request("/v1/telemetry", {
           method: "POST",
           headers: { ...this.#headers, "content-type": "application/json" },
           body: JSON.stringify({ ...p.body, steps: steps.slice(i, i + MAX_REPORT_STEPS) }),
-        });
+        }, undefined, async (res) => void (await res.body?.cancel()));
       }
     }
   }
 
-  /** Flushes the timings. */
+  /** Waits for the reports in flight, then flushes the rest of the timings. */
   async close(): Promise<void> {
+    await Promise.allSettled([...this.#reporting]);
     await this.flush();
+  }
+
+  /** Sends when enough steps are queued; fire and forget (telemetry must never stall the data path). */
+  #autoFlush(id: string): void {
+    if (this.#pending.get(id)!.steps.size >= this.#reportEvery) this.#background(this.#send(id));
+  }
+
+  #background(p: Promise<void>): void {
+    const q = p.catch(() => {});
+    this.#reporting.add(q);
+    void q.then(() => this.#reporting.delete(q));
+  }
+
+  /** `#sleep`, ended early (rejecting with its reason) by `signal`. */
+  async #pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
+    if (!signal) return await this.#sleep(ms);
+    signal.throwIfAborted();
+    let onAbort: () => void = () => {};
+    const aborted = new Promise<never>((_, reject) => {
+      onAbort = () => reject(signal.reason);
+      signal.addEventListener("abort", onAbort, { once: true });
+    });
+    try {
+      await Promise.race([this.#sleep(ms), aborted]);
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+    }
+  }
+
+  /** Whether a run of transient failures that began at `since` has had its retries or its time. */
+  #givesUp(attempt: number, since: number): boolean {
+    return attempt >= this.#retries || this.#now() - since >= this.#retryForMs;
   }
 
   /** Full-jitter backoff before retry `attempt` (the origins' policy, `backoffDelay`). */
@@ -366,57 +532,89 @@ export class RackfeedClient {
   #record(id: string, t: StepTimings): void {
     const p = this.#pending.get(id)!;
     p.steps.set(t.step, { ...p.steps.get(t.step), ...t });
-    if (p.steps.size >= this.#reportEvery) {
-      // Fire and forget: telemetry must never stall the data path.
-      this.flush().catch(() => {});
-    }
   }
 
-  async #tokens(path: string): Promise<TokenBatch> {
-    const res = await this.#get(path);
-    const dtype = res.headers.get("x-rackfeed-dtype") ?? "uint16";
-    const shape = (res.headers.get("x-rackfeed-shape") ?? "0,0").split(",").map(Number) as [number, number];
-    const Typed = TYPED[dtype];
-    if (!Typed) throw new RackfeedError(res.status, "BAD_RESPONSE", `Unknown dtype "${dtype}" from ${path}`);
-    return {
-      tokens: new Typed(await res.arrayBuffer()),
-      dtype,
-      shape,
-      firstSample: Number(res.headers.get("x-rackfeed-first-sample") ?? 0),
-      cache: res.headers.get("x-rackfeed-cache") ?? "",
-    };
+  async #tokens(path: string, signal?: AbortSignal): Promise<TokenBatch> {
+    return await this.#get(path, {}, signal, async (res) => {
+      const dtype = res.headers.get("x-rackfeed-dtype") ?? "uint16";
+      const shape = (res.headers.get("x-rackfeed-shape") ?? "0,0").split(",").map(Number) as [number, number];
+      const Typed = TYPED[dtype];
+      if (!Typed) throw new RackfeedError(res.status, "BAD_RESPONSE", `Unknown dtype "${dtype}" from ${path}`);
+      // A body cut short throws here, inside the attempt: it is retried like a failed request.
+      const body = await res.arrayBuffer();
+      const want = shape[0] * shape[1] * (Typed as unknown as { BYTES_PER_ELEMENT: number }).BYTES_PER_ELEMENT;
+      if (body.byteLength !== want) throw new TruncatedBody(`${path}: ${body.byteLength} body bytes for shape ${shape.join("x")} ${dtype} (${want})`);
+      return {
+        tokens: new Typed(body),
+        dtype,
+        shape,
+        firstSample: Number(res.headers.get("x-rackfeed-first-sample") ?? 0),
+        cache: res.headers.get("x-rackfeed-cache") ?? "",
+      };
+    });
   }
 
-  #get(path: string, headers: Record<string, string> = {}): Promise<Response> {
+  #get<T>(path: string, headers: Record<string, string>, signal: AbortSignal | undefined, read: (res: Response) => Promise<T>): Promise<T> {
     if (this.#url === undefined) throw new RangeError(`${path} needs HTTP: this client was made with a socket path only`);
-    return this.#request(path, { headers: { ...this.#headers, ...headers } });
+    return this.#request(path, { headers: { ...this.#headers, ...headers } }, signal, read);
   }
 
-  async #request(path: string, init: RequestInit): Promise<Response> {
+  /**
+   * One request with retries; `read` consumes the body of a 2xx answer inside the attempt, so a
+   * connection lost mid-body (a server restart) is retried too, and a stalled one times out.
+   */
+  async #request<T>(path: string, init: RequestInit, signal: AbortSignal | undefined, read: (res: Response) => Promise<T>): Promise<T> {
     if (this.#url === undefined) throw new RangeError(`${path} needs HTTP: this client was made with a socket path only`);
+    let failingSince = NaN;
     for (let attempt = 0;; attempt++) {
-      let res: Response | undefined;
-      let failure: unknown;
+      signal?.throwIfAborted();
+      const ac = new AbortController();
+      const onAbort = () => ac.abort(signal!.reason);
+      signal?.addEventListener("abort", onAbort, { once: true });
+      const timer = this.#timeoutMs > 0
+        ? setTimeout(() => ac.abort(new DOMException(`No complete answer in ${this.#timeoutMs} ms`, "TimeoutError")), this.#timeoutMs)
+        : undefined;
+      let status = 0;
+      let why: string;
+      let retryAfter = NaN;
       try {
-        res = await this.#fetch(`${this.#url}${path}`, init);
+        const res = await this.#fetch(`${this.#url}${path}`, { ...init, signal: ac.signal });
+        status = res.status;
+        if (res.ok) return await read(res);
+        if (!TRANSIENT.has(res.status)) {
+          const body = await res.json().catch(() => ({})) as { error?: string; message?: string };
+          throw new RackfeedError(res.status, body.error ?? "HTTP_ERROR", body.message ?? `HTTP ${res.status} for ${path}`);
+        }
+        retryAfter = Number(res.headers.get("retry-after"));
+        await res.body?.cancel().catch(() => {});
+        why = `HTTP ${res.status}`;
       } catch (e) {
-        failure = e;
+        if (signal?.aborted) throw signal.reason;
+        if (e instanceof RackfeedError) throw e;
+        if (permanentFetchFailure(e)) throw new RackfeedError(0, "FETCH_FAILED", `${path}: ${describeFailure(e)}`);
+        why = ac.signal.aborted ? String((ac.signal.reason as Error)?.message ?? ac.signal.reason) : describeFailure(e);
+        status = 0;
+      } finally {
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", onAbort);
       }
-      if (res && res.ok) return res;
-      if (res && !TRANSIENT.has(res.status)) {
-        const body = await res.json().catch(() => ({})) as { error?: string; message?: string };
-        throw new RackfeedError(res.status, body.error ?? "HTTP_ERROR", body.message ?? `HTTP ${res.status} for ${path}`);
+      if (Number.isNaN(failingSince)) failingSince = this.#now();
+      if (this.#givesUp(attempt, failingSince)) {
+        throw new RackfeedError(status, "UNAVAILABLE", `${path} failed after ${attempt + 1} attempts: ${why}`);
       }
-      if (attempt >= this.#retries) {
-        const why = res ? `HTTP ${res.status}` : (failure as Error)?.message ?? String(failure);
-        throw new RackfeedError(res?.status ?? 0, "UNAVAILABLE", `${path} failed after ${attempt + 1} attempts: ${why}`);
-      }
-      await res?.body?.cancel();
-      const retryAfter = Number(res?.headers.get("retry-after"));
       this.#retried++;
-      await this.#sleep(Number.isFinite(retryAfter) && retryAfter > 0 ? Math.min(retryAfter * 1000, this.#maxBackoff) : this.#backoffMs(attempt));
+      await this.#pause(Number.isFinite(retryAfter) && retryAfter > 0 ? Math.min(retryAfter * 1000, this.#maxBackoff) : this.#backoffMs(attempt), signal);
     }
   }
+}
+
+/** A 2xx body shorter or longer than its headers say: retried like a lost connection. */
+class TruncatedBody extends Error {}
+
+function checkConsumer(c: { rank: number; world: number; microBatch: number }): void {
+  checkInt(c.world, "world", 1);
+  checkInt(c.rank, "rank", 0, c.world - 1);
+  checkInt(c.microBatch, "microBatch", 1);
 }
 
 function slotTokens(b: SlotBatch): TokenBatch {

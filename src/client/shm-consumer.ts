@@ -22,6 +22,9 @@ import {
 /** How long a polling client re-checks the ring before it sends `wait` and blocks on the socket. */
 const POLL_SPIN_MS = 1;
 
+/** How long a socket may take to answer `hello` (the server cuts a silent peer after 5 s). */
+const WELCOME_TIMEOUT_MS = 10_000;
+
 /** A connected Unix socket, as the SDK needs it. */
 export interface LocalSocket {
   /** The next chunk, or null once the peer closed. */
@@ -123,13 +126,17 @@ export async function* shmBatches(
   socketPath: string,
   instance: string | undefined,
   token: string | undefined,
-  c: { dataset: string; rank: number; world: number; microBatch: number; startStep: number; endStep?: number; slots: number },
+  c: { dataset: string; rank: number; world: number; microBatch: number; startStep: number; endStep?: number; slots: number; signal?: AbortSignal },
 ): AsyncGenerator<SlotBatch, void, undefined> {
+  c.signal?.throwIfAborted();
   const socket = await connect(transport, socketPath);
+  // Aborting closes the socket: a read blocked on it returns (the caller checks its signal).
+  const onAbort = () => socket.close();
+  c.signal?.addEventListener("abort", onAbort, { once: true });
   let ring: RingReader | undefined;
   try {
     const reader = new MessageReader(socket);
-    const got = await greet(socket, reader, token);
+    const got = await withTimeout(greet(socket, reader, token), socket, WELCOME_TIMEOUT_MS);
     if (instance !== undefined && got !== instance) {
       throw new ShmError(0, "NOT_COLOCATED", `Socket ${socketPath} leads to server ${got}, not ${instance}`);
     }
@@ -231,6 +238,7 @@ export async function* shmBatches(
   } finally {
     // Close the socket first: the server stops writing and removes the ring; closing the reader
     // then gives the (unlinked) ring's pages back.
+    c.signal?.removeEventListener("abort", onAbort);
     socket.close();
     ring?.close();
   }
@@ -249,8 +257,26 @@ async function connect(transport: LocalTransport, socketPath: string): Promise<L
 export async function shmInstance(transport: LocalTransport, socketPath: string, token: string | undefined): Promise<string> {
   const socket = await connect(transport, socketPath);
   try {
-    return await greet(socket, new MessageReader(socket), token);
+    return await withTimeout(greet(socket, new MessageReader(socket), token), socket, WELCOME_TIMEOUT_MS);
   } finally {
     socket.close();
+  }
+}
+
+/** `p`, or a ShmError (status 0) after `ms` with the socket closed: a listener that never answers. */
+async function withTimeout<T>(p: Promise<T>, socket: LocalSocket, ms: number): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    return await Promise.race([
+      p,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => {
+          socket.close();
+          reject(new ShmError(0, "UNAVAILABLE", `No "welcome" within ${ms} ms`));
+        }, ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
   }
 }
