@@ -93,6 +93,33 @@ interface BlockTask {
 
 const FINAL: ReadonlySet<PrefetchState> = new Set(["done", "failed", "cancelled"]);
 
+/** A planned job: its blocks, objects and bytes. */
+interface Plan {
+  readonly tasks: BlockTask[];
+  readonly objects: number;
+  readonly bytesTotal: number;
+}
+
+/** How long `POST /prefetch` waits for a plan before it answers with the job queued (ms). */
+const PLAN_WAIT_MS = 2000;
+/** Objects stat'ed at once while a job is planned (the origin's limiter bounds them further). */
+const PLAN_STATS = 32;
+/** Longest stretch of step planning between two turns of the event loop (ms). */
+const PLAN_SLICE_MS = 10;
+
+function sumBytes(tasks: readonly BlockTask[]): number {
+  let n = 0;
+  for (const t of tasks) n += t.bytes;
+  return n;
+}
+
+/** What a request asks for, in words (a job's `what`). */
+function describeRequest(req: PrefetchRequest): string {
+  return "objects" in req
+    ? `objects ${req.objects.join(", ")}`
+    : `dataset ${req.dataset} steps ${req.steps[0]}-${req.steps[1] - 1} (rank ${req.rank}, world ${req.world}, micro_batch ${req.microBatch})`;
+}
+
 /**
  * The prefetch jobs of a server.
  *
@@ -120,29 +147,20 @@ export class PrefetchJobs {
    * @throws {CacheServerError} `BAD_REQUEST` when it names nothing, or more than the tier holds
    */
   async submit(req: PrefetchRequest): Promise<PrefetchProgress> {
-    const { tasks, what, objects } = await this.#plan(req);
-    const bytesTotal = tasks.reduce((a, t) => a + t.bytes, 0);
-    const budget = this.#opts.tierBytes[req.tier];
-    if (bytesTotal > budget) {
-      throw badRequest(
-        `Prefetch of ${what} needs ${bytesTotal} bytes, more than the ${req.tier} tier holds (${budget} bytes); ` +
-          `it would evict its own blocks. Prefetch less, or into the ${req.tier === "memory" ? "disk" : "a larger disk"} tier`,
-      );
-    }
     const id = `p${(++this.#seq).toString(36)}-${Math.floor(this.#opts.clock()).toString(36)}`;
     const job: Job = {
       progress: {
         id,
         state: "queued",
         tier: req.tier,
-        what,
+        what: describeRequest(req),
         objectsDone: 0,
-        objectsTotal: objects,
+        objectsTotal: 0,
         blocksDone: 0,
-        blocksTotal: tasks.length,
+        blocksTotal: 0,
         blocksCached: 0,
         bytesDone: 0,
-        bytesTotal,
+        bytesTotal: 0,
         rate: 0,
         etaSeconds: null,
         startedAt: null,
@@ -153,9 +171,56 @@ export class PrefetchJobs {
       listeners: new Set(),
       startedMs: 0,
     };
+    // Remembered while it plans: planning counts against --max jobs, and can be cancelled.
     this.#remember(id, job);
-    void this.#run(job, tasks);
+    const planned = this.#plan(req, job.abort.signal).then((plan) => this.#checkFits(req, plan));
+    // A plan ready within PLAN_WAIT_MS is answered as before (its errors as 400s). A longer one
+    // (listing many objects, stat'ing each, or planning many steps) goes on in the background:
+    // the job answers 202 as queued, and fails there if the plan cannot run.
+    let stopWaiting = () => {};
+    const quick = await Promise.race([
+      planned.then((plan) => ({ plan }), (error: unknown) => ({ error })),
+      new Promise<undefined>((r) => {
+        const timer = setTimeout(r, PLAN_WAIT_MS);
+        stopWaiting = () => clearTimeout(timer);
+      }),
+    ]);
+    stopWaiting();
+    if (quick && "error" in quick) {
+      this.#jobs.delete(id);
+      throw quick.error;
+    }
+    if (quick) {
+      this.#start(job, quick.plan);
+    } else {
+      planned.then((plan) => {
+        if (!job.abort.signal.aborted) this.#start(job, plan);
+      }, (e: unknown) => {
+        if (FINAL.has(job.progress.state)) return; // cancelled while planning
+        this.#opts.log(`Prefetch ${id} could not be planned`, e);
+        this.#finish(job, "failed", (e as Error).message);
+      });
+    }
     return { ...job.progress };
+  }
+
+  #checkFits(req: PrefetchRequest, plan: Plan): Plan {
+    const budget = this.#opts.tierBytes[req.tier];
+    if (plan.bytesTotal > budget) {
+      throw badRequest(
+        `Prefetch of ${describeRequest(req)} needs ${plan.bytesTotal} bytes, more than the ${req.tier} tier holds (${budget} bytes); ` +
+          `it would evict its own blocks. Prefetch less, or into the ${req.tier === "memory" ? "disk" : "a larger disk"} tier`,
+      );
+    }
+    return plan;
+  }
+
+  #start(job: Job, plan: Plan): void {
+    const p = job.progress;
+    p.objectsTotal = plan.objects;
+    p.blocksTotal = plan.tasks.length;
+    p.bytesTotal = plan.bytesTotal;
+    void this.#run(job, plan.tasks);
   }
 
   /** A job's progress now. */
@@ -217,7 +282,11 @@ export class PrefetchJobs {
     this.#jobs.set(id, job);
   }
 
-  async #plan(req: PrefetchRequest): Promise<{ tasks: BlockTask[]; what: string; objects: number }> {
+  /**
+   * The blocks a job reads. Cancellable (`signal`), and never long on the event loop: objects are
+   * stat'ed PLAN_STATS at a time, and step planning yields every PLAN_SLICE_MS.
+   */
+  async #plan(req: PrefetchRequest, signal: AbortSignal): Promise<Plan> {
     const blockBytes = this.#opts.cache.blockBytes;
     const tasks: BlockTask[] = [];
     if ("objects" in req) {
@@ -234,24 +303,49 @@ export class PrefetchJobs {
         }
         if (prefix !== "") validateObjectKey(prefix.replace(/\/+$/, "") || "x");
         const listed = await gw.list(prefix, this.#opts.maxObjects - objects + 1);
+        signal.throwIfAborted();
         if (objects + listed.length > this.#opts.maxObjects) {
           throw badRequest(`Prefetch of "${spec}" lists more than ${this.#opts.maxObjects} objects; name narrower prefixes`);
         }
-        for (const o of listed) {
-          const info = await gw.stat(o.key);
+        // Each object's version (the ETag or mtime in its block keys) needs a stat: many at once.
+        const infos = new Array<ObjectInfo>(listed.length);
+        let next = 0;
+        const stat = async () => {
+          while (next < listed.length) {
+            signal.throwIfAborted();
+            const i = next++;
+            infos[i] = await gw.stat(listed[i].key);
+          }
+        };
+        await Promise.all(Array.from({ length: Math.min(PLAN_STATS, listed.length) }, stat));
+        for (let i = 0; i < listed.length; i++) {
+          const info = infos[i];
           for (let b = 0; b * blockBytes < info.size; b++) {
-            tasks.push({ gw, key: o.key, info, index: b, bytes: Math.min(blockBytes, info.size - b * blockBytes), object: objects });
+            tasks.push({ gw, key: listed[i].key, info, index: b, bytes: Math.min(blockBytes, info.size - b * blockBytes), object: objects });
           }
           objects++;
         }
       }
       if (objects === 0) throw badRequest(`Prefetch of ${req.objects.join(", ")} found no objects`);
-      return { tasks, what: `objects ${req.objects.join(", ")}`, objects };
+      return { tasks, objects, bytesTotal: sumBytes(tasks) };
     }
     const reg = await this.#opts.catalog.get(req.dataset);
-    const [from, to] = req.steps;
+    const [from, wanted] = req.steps;
+    const steps = Math.floor(reg.dataset.numSamples / (req.world * req.microBatch));
+    if (from >= steps) {
+      throw badRequest(
+        `Invalid prefetch "steps": dataset "${req.dataset}" has steps 0-${steps - 1} with world ${req.world} and micro_batch ${req.microBatch}; received [${from}, ${wanted}]`,
+      );
+    }
+    const to = Math.min(wanted, steps);
     const seen = new Set<number>();
+    let sliceStart = performance.now();
     for (let step = from; step < to; step++) {
+      if ((step & 255) === 0 && performance.now() - sliceStart > PLAN_SLICE_MS) {
+        await new Promise((r) => setTimeout(r, 0)); // let batches be served
+        signal.throwIfAborted();
+        sliceStart = performance.now();
+      }
       const first = stepSamples(step, req.rank, req.world, req.microBatch);
       const plan = planSamples(reg, first, req.microBatch, blockBytes, false);
       for (const packed of plan.blocks) {
@@ -270,11 +364,7 @@ export class PrefetchJobs {
         });
       }
     }
-    return {
-      tasks,
-      what: `dataset ${req.dataset} steps ${from}-${to - 1} (rank ${req.rank}, world ${req.world}, micro_batch ${req.microBatch})`,
-      objects: reg.files.length,
-    };
+    return { tasks, objects: reg.files.length, bytesTotal: sumBytes(tasks) };
   }
 
   async #run(job: Job, tasks: BlockTask[]): Promise<void> {

@@ -1,0 +1,96 @@
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { FsOrigin } from "../../src/origin/fs-origin.ts";
+import type { ObjectInfo } from "../../src/origin/origin.ts";
+import { makeWorkspace, patternBytes, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
+import { putSyntheticDataset } from "../helpers/token-data.ts";
+
+const ADMIN = "admin-token-for-tests";
+const auth = { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" };
+let ws: Workspace;
+const servers: RunningServer[] = [];
+
+beforeEach(async () => {
+  ws = await makeWorkspace();
+});
+afterEach(async () => {
+  for (const s of servers.splice(0)) await s.close();
+  await ws.remove();
+});
+
+/** An fs origin whose stats take `delayMs` each (a far object store), counting them and reads. */
+class SlowStatOrigin extends FsOrigin {
+  stats = 0;
+  reads = 0;
+  constructor(root: string, readonly delayMs: number) {
+    super({ name: "data", root });
+  }
+  override async stat(key: string): Promise<ObjectInfo> {
+    this.stats++;
+    await new Promise((r) => setTimeout(r, this.delayMs));
+    return await super.stat(key);
+  }
+  override async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array, signal?: AbortSignal): Promise<void> {
+    this.reads++;
+    return await super.read(key, info, offset, dest, signal);
+  }
+}
+
+describe("prefetch planning", () => {
+  it("answers a job whose plan takes long at once, as queued, and can cancel it before it reads anything", async () => {
+    for (let i = 0; i < 120; i++) await ws.put(`many/o${i}.bin`, patternBytes(1000, i));
+    const origin = new SlowStatOrigin(ws.origin, 150);
+    const rf = await startServer(ws, ["--admin-token", ADMIN, "--origin-concurrency", "2", "--metadata-ttl", "0"], { makeOrigin: () => origin });
+    servers.push(rf);
+    // 120 stats of 150 ms, 2 at a time: ~9 s of planning, far beyond the 2 s the POST waits.
+    const t0 = performance.now();
+    const res = await fetch(`${rf.url}/prefetch`, { method: "POST", headers: auth, body: JSON.stringify({ objects: ["data/many/"] }) });
+    expect(res.status).toBe(202);
+    expect(performance.now() - t0).toBeLessThan(8000);
+    const job = await res.json();
+    expect(job.state).toBe("queued");
+    expect(job.blocksTotal).toBe(0); // not planned yet
+    const cancelled = await (await fetch(`${rf.url}/prefetch/${job.id}`, { method: "DELETE", headers: auth })).json();
+    expect(cancelled.state).toBe("cancelled");
+    // Stats already queued at the origin finish (at most 32); no new one starts, nothing is read.
+    let seen = -1;
+    await waitFor(async () => {
+      const now = origin.stats;
+      const stable = now === seen;
+      seen = now;
+      if (!stable) await new Promise((r) => setTimeout(r, 400));
+      return stable;
+    }, "stats to stop", 15_000);
+    expect(origin.stats).toBeLessThan(120);
+    expect(origin.reads).toBe(0);
+    expect((await (await fetch(`${rf.url}/prefetch/${job.id}`, { headers: auth })).json()).state).toBe("cancelled");
+  });
+
+  it("runs a job planned in the background to the end, with its totals filled in", async () => {
+    for (let i = 0; i < 40; i++) await ws.put(`some/o${i}.bin`, patternBytes(3000, i));
+    const origin = new SlowStatOrigin(ws.origin, 120);
+    const rf = await startServer(ws, ["--admin-token", ADMIN, "--origin-concurrency", "2", "--block-bytes", "4KiB", "--metadata-ttl", "0"], { makeOrigin: () => origin });
+    servers.push(rf);
+    const job = await (await fetch(`${rf.url}/prefetch`, { method: "POST", headers: auth, body: JSON.stringify({ objects: ["data/some/"] }) })).json();
+    expect(job.state).toBe("queued"); // 40 × 120 ms / 2 = 2.4 s of planning
+    let last: Record<string, unknown> = {};
+    await waitFor(async () => {
+      last = await (await fetch(`${rf.url}/prefetch/${job.id}`, { headers: auth })).json();
+      return last.state === "done" || last.state === "failed";
+    }, "the job to end", 20_000);
+    expect(last).toMatchObject({ state: "done", objectsDone: 40, objectsTotal: 40, blocksTotal: 40, blocksDone: 40, bytesTotal: 120_000 });
+  });
+
+  it("refuses steps beyond the dataset with 400 naming its steps, and prefetches up to its end", async () => {
+    await putSyntheticDataset(ws, "tok", 200, 50, 400, 2);
+    const rf = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "4KiB"]);
+    servers.push(rf);
+    const reg = { sources: [{ prefix: "data/tok" }], seq_length: 64, seed: 1, split: "100,0,0", split_index: 0, num_samples: 800 };
+    expect((await fetch(`${rf.url}/v1/datasets/d`, { method: "PUT", headers: auth, body: JSON.stringify(reg) })).status).toBe(201);
+    const beyond = await fetch(`${rf.url}/prefetch`, { method: "POST", headers: auth, body: JSON.stringify({ dataset: "d", steps: [100, 200], micro_batch: 8 }) });
+    expect(beyond.status).toBe(400);
+    expect((await beyond.json()).message).toMatch(/dataset "d" has steps 0-99 with world 1 and micro_batch 8/);
+    const tail = await fetch(`${rf.url}/prefetch`, { method: "POST", headers: auth, body: JSON.stringify({ dataset: "d", steps: [90, 1e12], micro_batch: 8 }) });
+    expect(tail.status).toBe(202);
+    expect((await tail.json()).blocksTotal).toBeGreaterThan(0);
+  });
+});
