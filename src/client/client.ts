@@ -128,6 +128,9 @@ const TRANSIENT = new Set([429, 502, 503, 504]);
 /** Most batches `batches()` keeps in flight ahead of the caller. */
 const MAX_PREFETCH = MAX_RING_SLOTS;
 
+/** How long a telemetry report is retried, and one attempt may take (ms). */
+const TELEMETRY_RETRY_MS = 5000;
+
 /** Most seconds a timing may hold (the server refuses a report with more, or a negative one). */
 const MAX_TIMING_SECONDS = 86_400;
 
@@ -481,7 +484,12 @@ export class RackfeedClient {
           method: "POST",
           headers: { ...this.#headers, "content-type": "application/json" },
           body: JSON.stringify({ ...p.body, steps: steps.slice(i, i + MAX_REPORT_STEPS) }),
-        }, undefined, async (res) => void (await res.body?.cancel()));
+        }, undefined, async (res) => void (await res.body?.cancel()), {
+          // Short: close() waits for reports, and a trainer at its end must not wait a minute
+          // for a server that is gone (its timings are lost then, its batches are not).
+          retryForMs: Math.min(this.#retryForMs, TELEMETRY_RETRY_MS),
+          timeoutMs: Math.min(this.#timeoutMs || TELEMETRY_RETRY_MS, TELEMETRY_RETRY_MS),
+        });
       }
     }
   }
@@ -520,8 +528,8 @@ export class RackfeedClient {
   }
 
   /** Whether a run of transient failures that began at `since` has had its retries or its time. */
-  #givesUp(attempt: number, since: number): boolean {
-    return attempt >= this.#retries || this.#now() - since >= this.#retryForMs;
+  #givesUp(attempt: number, since: number, retryForMs = this.#retryForMs): boolean {
+    return attempt >= this.#retries || this.#now() - since >= retryForMs;
   }
 
   /** Full-jitter backoff before retry `attempt` (the origins' policy, `backoffDelay`). */
@@ -563,16 +571,23 @@ export class RackfeedClient {
    * One request with retries; `read` consumes the body of a 2xx answer inside the attempt, so a
    * connection lost mid-body (a server restart) is retried too, and a stalled one times out.
    */
-  async #request<T>(path: string, init: RequestInit, signal: AbortSignal | undefined, read: (res: Response) => Promise<T>): Promise<T> {
+  async #request<T>(
+    path: string,
+    init: RequestInit,
+    signal: AbortSignal | undefined,
+    read: (res: Response) => Promise<T>,
+    budget: { readonly retryForMs: number; readonly timeoutMs: number } = { retryForMs: this.#retryForMs, timeoutMs: this.#timeoutMs },
+  ): Promise<T> {
     if (this.#url === undefined) throw new RangeError(`${path} needs HTTP: this client was made with a socket path only`);
+    const timeoutMs = budget.timeoutMs;
     let failingSince = NaN;
     for (let attempt = 0;; attempt++) {
       signal?.throwIfAborted();
       const ac = new AbortController();
       const onAbort = () => ac.abort(signal!.reason);
       signal?.addEventListener("abort", onAbort, { once: true });
-      const timer = this.#timeoutMs > 0
-        ? setTimeout(() => ac.abort(new DOMException(`No complete answer in ${this.#timeoutMs} ms`, "TimeoutError")), this.#timeoutMs)
+      const timer = timeoutMs > 0
+        ? setTimeout(() => ac.abort(new DOMException(`No complete answer in ${timeoutMs} ms`, "TimeoutError")), timeoutMs)
         : undefined;
       let status = 0;
       let why: string;
@@ -599,7 +614,7 @@ export class RackfeedClient {
         signal?.removeEventListener("abort", onAbort);
       }
       if (Number.isNaN(failingSince)) failingSince = this.#now();
-      if (this.#givesUp(attempt, failingSince)) {
+      if (this.#givesUp(attempt, failingSince, budget.retryForMs)) {
         throw new RackfeedError(status, "UNAVAILABLE", `${path} failed after ${attempt + 1} attempts: ${why}`);
       }
       this.#retried++;

@@ -90,6 +90,55 @@ describe("failed fills", () => {
   });
 });
 
+/** An fs origin that records the order of its reads (`key@offset`); all wait until `release()`. */
+class RecordingOrigin extends FsOrigin {
+  readonly order: string[] = [];
+  #open: Promise<void>;
+  release!: () => void;
+  constructor(root: string) {
+    super({ name: "data", root });
+    this.#open = new Promise((r) => (this.release = r));
+  }
+  override async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
+    this.order.push(`${key}@${offset / (64 * KiB)}`);
+    await this.#open;
+    return await super.read(key, info, offset, dest);
+  }
+}
+
+describe("prefetch priority", () => {
+  it("moves a prefetch fill's queued origin read to the foreground when a reader joins it, and leaves an unjoined one behind", async () => {
+    const busyBytes = patternBytes(5 * 64 * KiB, 21);
+    const joinedBytes = patternBytes(64 * KiB, 22);
+    await ws.put("busy.bin", busyBytes);
+    await ws.put("joined.bin", joinedBytes);
+    await ws.put("alone.bin", patternBytes(64 * KiB, 23));
+    const origin = new RecordingOrigin(ws.origin);
+    // One slot (nothing kept for foreground work): the queue order is the read order.
+    const gw = new OriginGateway(origin, { concurrency: 1, maxQueue: 100, metadataTtl: 0 });
+    const cache = memoryCache(0);
+    const busy = await gw.stat("busy.bin");
+    const joined = await gw.stat("joined.bin");
+    const alone = await gw.stat("alone.bin");
+    const reads: Promise<unknown>[] = [cache.block(gw, "busy.bin", busy, 0)]; // takes the slot
+    expect(gw.stats()).toMatchObject({ active: 1, queued: 0 });
+    reads.push(cache.prefetch(gw, "joined.bin", joined, 0, { tier: "memory", background: true }));
+    reads.push(cache.prefetch(gw, "alone.bin", alone, 0, { tier: "memory", background: true }));
+    reads.push(cache.block(gw, "busy.bin", busy, 1), cache.block(gw, "busy.bin", busy, 2));
+    const reader = cache.block(gw, "joined.bin", joined, 0); // joins the prefetch fill
+    reads.push(cache.block(gw, "busy.bin", busy, 3), cache.block(gw, "busy.bin", busy, 4));
+    expect(gw.stats()).toMatchObject({ active: 1, queued: 6 });
+    expect(cache.stats().coalesced).toBe(1);
+    origin.release();
+    expectSameBytes(await reader, joinedBytes, "joined block");
+    await Promise.all(reads);
+    // The joined fill's read went to the back of the foreground queue at the moment the reader
+    // came: after busy 1 and 2, before busy 3 and 4. The prefetch nobody waits for stays last.
+    expect(origin.order).toEqual(["busy.bin@0", "busy.bin@1", "busy.bin@2", "joined.bin@0", "busy.bin@3", "busy.bin@4", "alone.bin@0"]);
+    await cache.close();
+  });
+});
+
 describe("single-flight fills", () => {
   it("serves 100 concurrent requests for one cold block with exactly one origin read", async () => {
     const body = patternBytes(64 * KiB, 3);

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { parseMetrics, renderStats } from "../../src/cli/admin-commands.ts";
-import { makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { freePort, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { NODE, NODE_TS, ROOT, runToExit } from "../helpers/spawn.ts";
 
 const ADMIN = "admin-token-for-tests";
@@ -31,6 +31,14 @@ describe("rackfeed prefetch", () => {
     const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "prefetch", "--server", rf.url, "--objects", "data/warm/"]);
     expect(code).toBe(2);
     expect(out).toMatch(/answered 401: Missing or wrong admin token/);
+  });
+
+  it("exits 1 saying it cannot reach the server when nothing listens there", async () => {
+    const port = await freePort(); // nothing listens there (port 1 would be refused by fetch itself, as a "bad port")
+    const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "prefetch", "--server", `http://127.0.0.1:${port}/`, "--objects", "data/warm/", "--admin-token", ADMIN]);
+    expect(code).toBe(1);
+    expect(out).toMatch(new RegExp(`^rackfeed prefetch: cannot reach http://127\\.0\\.0\\.1:${port}: fetch failed \\(.*ECONNREFUSED`, "m"));
+    expect(out).not.toMatch(/^\s+at /m); // a message, not a stack trace
   });
 
   it("exits 2 on bad usage, naming what to fix", async () => {

@@ -1,9 +1,12 @@
-import { readdirSync } from "node:fs";
+import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import * as net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { runCli } from "../../src/cli/run-cli.ts";
+import { listenNode } from "../../src/runtime/node.ts";
+import { readMetric } from "../helpers/rackfeed.ts";
 import { NODE, NODE_TS, ROOT, runToExit, startChild } from "../helpers/spawn.ts";
 
 let cwd: string;
@@ -48,6 +51,15 @@ describe("rackfeed command line (Node entry)", () => {
     } finally {
       await first.stop();
     }
+  });
+
+  it("exits 2 naming --cache-dir, without a stack trace, when the cache directory is a regular file", async () => {
+    const file = join(cwd, "cache-is-a-file");
+    writeFileSync(file, "x");
+    const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0", "--shm-dir", "off", "--origin", `d=${cwd}`, "--cache-dir", file], cwd);
+    expect(code, out).toBe(2);
+    expect(out).toMatch(new RegExp(`^rackfeed: Invalid --cache-dir ${file}: `, "m"));
+    expect(out).not.toMatch(/^\s+at /m);
   });
 
   it("prints the table of options for --help", async () => {
@@ -106,5 +118,63 @@ describe("rackfeed command line (Node entry)", () => {
       for (const s of held) s.destroy();
       blackHole.close();
     }
+  });
+});
+
+describe("demo budgets", () => {
+  /**
+   * Runs `runCli` in this process with `args` and `env` (a fake host on the real filesystem and a
+   * real listener), reads the tier budgets from /metrics, and shuts it down.
+   */
+  async function demoBudgets(args: string[], env: Record<string, string> = {}): Promise<{ memory: number; disk: number }> {
+    const lines: string[] = [];
+    let shutdown: (() => void) | undefined;
+    let listening!: (url: string) => void;
+    const url = new Promise<string>((r) => (listening = r));
+    const code = runCli({
+      args,
+      env,
+      cwd,
+      readTextFile: (p) => readFileSync(p, "utf8"),
+      listen: listenNode,
+      now: () => performance.now(),
+      print: (line) => {
+        lines.push(line);
+        const m = /listening on (\S+)/.exec(line);
+        if (m) listening(m[1]);
+      },
+      printError: (line) => lines.push(line),
+      onShutdown: (handler) => (shutdown = handler),
+      runtime: "test",
+    });
+    const ended = code.then((c) => {
+      throw new Error(`runCli returned ${c} before listening:\n${lines.join("\n")}`);
+    });
+    const base = await Promise.race([url, ended]);
+    try {
+      const text = await (await fetch(`${base}/metrics`)).text();
+      return {
+        memory: readMetric(text, "rackfeed_cache_budget_bytes", { tier: "memory" }),
+        disk: readMetric(text, "rackfeed_cache_budget_bytes", { tier: "disk" }),
+      };
+    } finally {
+      shutdown?.();
+      expect(await code, lines.join("\n")).toBe(0);
+    }
+  }
+
+  it("are defaults: a config file, the environment and flags all set the budgets of a flags-first (demo) command line", async () => {
+    const common = ["--listen", "127.0.0.1:0", "--shm-dir", "off"];
+    const MiB = 2 ** 20;
+    // Nothing set: the demo's small budgets.
+    expect(await demoBudgets([...common, "--cache-dir", join(cwd, "demo-c0")])).toEqual({ memory: 256 * MiB, disk: 1024 * MiB });
+    // A config file (flags first, so this is the demo).
+    writeFileSync(join(cwd, "prod.json"), JSON.stringify({ memoryBytes: "2GiB", diskBytes: "8GiB", cacheDir: join(cwd, "demo-c1") }));
+    expect(await demoBudgets(["--config", join(cwd, "prod.json"), ...common])).toEqual({ memory: 2048 * MiB, disk: 8192 * MiB });
+    // The environment.
+    expect(await demoBudgets([...common, "--cache-dir", join(cwd, "demo-c2")], { RACKFEED_MEMORY_BYTES: "512MiB", RACKFEED_DISK_BYTES: "4GiB" }))
+      .toEqual({ memory: 512 * MiB, disk: 4096 * MiB });
+    // A flag, and the other budget stays the demo's.
+    expect(await demoBudgets(["demo", ...common, "--cache-dir", join(cwd, "demo-c3"), "--disk-bytes", "3GiB"])).toEqual({ memory: 256 * MiB, disk: 3072 * MiB });
   });
 });

@@ -138,3 +138,36 @@ describe("loadConfig batch bodies", () => {
     expect(load(["--batch-pool-bytes", "0"]).batchPoolBytes).toBe(0);
   });
 });
+
+describe("loadConfig integer settings", () => {
+  it("refuses empty, blank, hexadecimal and exponent values of integer and factor settings, naming the setting", () => {
+    const cases: [string[], Record<string, string>, RegExp][] = [
+      [[], { RACKFEED_DISK_WRITE_QUEUE: "" }, /Invalid environment variable RACKFEED_DISK_WRITE_QUEUE: expected an integer from 0 to 1024, received ""/],
+      [[], { RACKFEED_READ_AHEAD_BLOCKS: " " }, /Invalid environment variable RACKFEED_READ_AHEAD_BLOCKS: expected an integer .*received " "/],
+      [[], { RACKFEED_ORIGIN_HEDGE: "" }, /Invalid environment variable RACKFEED_ORIGIN_HEDGE: expected 0 \(off\) or a number/],
+      [["--origin-concurrency", "0x10"], {}, /Invalid --origin-concurrency: expected an integer from 1 to 1024, received "0x10"/],
+      [["--origin-queue", "1e3"], {}, /Invalid --origin-queue: expected an integer .*received "1e3"/],
+      [["--origin-hedge", "1e1"], {}, /Invalid --origin-hedge: .*received "1e1"/],
+      [["--origin-retries", ""], {}, /Invalid --origin-retries: .*received ""/],
+    ];
+    for (const [args, env, message] of cases) {
+      expect(errorOf(() => load(args, env)).message, `${args.join(" ")} ${JSON.stringify(env)}`).toMatch(message);
+    }
+    // Decimal integers (with blanks around them) and decimal factors still parse.
+    expect(load(["--origin-concurrency", " 16 ", "--origin-hedge", "2.5"], { RACKFEED_DISK_WRITE_QUEUE: "0" })).toMatchObject({
+      originConcurrency: 16,
+      originHedge: 2.5,
+      diskWriteQueue: 0,
+    });
+  });
+});
+
+describe("loadConfig disk budget", () => {
+  it("refuses a --disk-bytes that cannot hold one block file, and accepts one that can", () => {
+    expect(errorOf(() => load(["--disk-bytes", "8MiB"])).message).toMatch(
+      /Invalid --disk-bytes: 8388608 cannot hold one block file \(--block-bytes 8388608 plus its header\)/,
+    );
+    expect(errorOf(() => load(["--block-bytes", "1MiB"], { RACKFEED_DISK_BYTES: "1MiB" })).message).toMatch(/Invalid --disk-bytes/);
+    expect(load(["--block-bytes", "4MiB", "--disk-bytes", "8MiB"]).diskBytes).toBe(8 * 2 ** 20);
+  });
+});

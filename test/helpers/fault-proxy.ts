@@ -71,9 +71,14 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
   const sockets = new Set<Socket>();
   const counts = { requests: 0, faults: {} as Record<string, number>, inFlight: 0, maxInFlight: 0 };
   let current = rule;
+  /** Responses whose connection closed (answered, or the client left). */
+  const left = new WeakSet<ServerResponse>();
   const count = (kind: string) => (counts.faults[kind] = (counts.faults[kind] ?? 0) + 1);
 
   const forward = (req: IncomingMessage, res: ServerResponse, fault: Fault) => {
+    // The client left (during a delay): forward nothing. An upstream answer nobody reads would
+    // hold its connection open, and the upstream server's close() with it.
+    if (left.has(res)) return;
     const out = request(
       { host: up.hostname, port: up.port, method: req.method, path: req.url, headers: req.headers },
       (upRes) => {
@@ -136,13 +141,20 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
       },
     );
     out.on("error", () => res.socket?.destroy());
+    // The client leaves mid-answer: drop the upstream request too (same reason).
+    res.on("close", () => {
+      if (!res.writableFinished) out.destroy();
+    });
     req.pipe(out);
   };
 
   const server: Server = createServer((req, res) => {
     counts.requests++;
     counts.maxInFlight = Math.max(counts.maxInFlight, ++counts.inFlight);
-    res.on("close", () => counts.inFlight--);
+    res.on("close", () => {
+      counts.inFlight--;
+      left.add(res);
+    });
     const fault = current(counts.requests, req);
     // Stalls and resets count when they happen (a body shorter than `afterBytes` escapes them).
     if (fault.kind !== "pass" && fault.kind !== "stall" && fault.kind !== "reset") count(fault.kind);

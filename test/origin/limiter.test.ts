@@ -94,3 +94,51 @@ describe("ConcurrencyLimiter.setConcurrency", () => {
     expect(() => l.setConcurrency(0)).toThrow(/integer >= 1/);
   });
 });
+
+describe("ConcurrencyLimiter promotion", () => {
+  it("moves a queued background operation to the foreground queue when its promote signal aborts: later foreground work no longer overtakes it", async () => {
+    const l = new ConcurrencyLimiter({ concurrency: 1, maxQueue: 100, what: "test" });
+    const g = gate();
+    const order: string[] = [];
+    const first = l.run(async () => {
+      order.push("fg-running");
+      await g.p;
+    });
+    const promote = new AbortController();
+    const promoted = l.run(async () => void order.push("bg-promoted"), { background: true, promote: promote.signal });
+    const stays = l.run(async () => void order.push("bg-not-promoted"), { background: true, promote: new AbortController().signal });
+    const before = l.run(async () => void order.push("fg-queued-before"));
+    expect(l.stats()).toMatchObject({ queued: 3, queuedBackground: 2 });
+    promote.abort();
+    expect(l.stats()).toMatchObject({ queued: 3, queuedBackground: 1 });
+    const after = l.run(async () => void order.push("fg-queued-after"));
+    g.open();
+    await Promise.all([first, promoted, stays, before, after]);
+    // Promoted: in foreground order, behind what queued before it and ahead of what came after.
+    expect(order).toEqual(["fg-running", "fg-queued-before", "bg-promoted", "fg-queued-after", "bg-not-promoted"]);
+  });
+
+  it("lets a promoted operation take the slot kept for foreground work, whether promoted while queued or before it arrives", async () => {
+    const l = new ConcurrencyLimiter({ concurrency: 4, maxQueue: 100, what: "test" });
+    const ran: string[] = [];
+    for (const when of ["while queued", "before arriving"]) {
+      const g = gate();
+      const bg = Array.from({ length: 3 }, () => l.run(() => g.p, { background: true }));
+      const promote = new AbortController();
+      if (when === "before arriving") promote.abort();
+      const op = l.run(async () => {
+        ran.push(when);
+        await g.p;
+      }, { background: true, promote: promote.signal });
+      if (when === "while queued") {
+        expect(l.stats()).toMatchObject({ active: 3, queuedBackground: 1 }); // the fourth slot is kept for foreground work
+        promote.abort();
+      }
+      await new Promise((r) => setTimeout(r, 0));
+      expect(l.stats(), when).toMatchObject({ active: 4, queued: 0 });
+      expect(ran, when).toContain(when);
+      g.open();
+      await Promise.all([...bg, op]);
+    }
+  });
+});

@@ -29,9 +29,9 @@ class SlowStatOrigin extends FsOrigin {
     await new Promise((r) => setTimeout(r, this.delayMs));
     return await super.stat(key);
   }
-  override async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array, signal?: AbortSignal): Promise<void> {
+  override async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
     this.reads++;
-    return await super.read(key, info, offset, dest, signal);
+    return await super.read(key, info, offset, dest);
   }
 }
 

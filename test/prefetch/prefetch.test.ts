@@ -1,3 +1,5 @@
+import { rm, writeFile } from "node:fs/promises";
+import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import type { ObjectInfo } from "../../src/origin/origin.ts";
@@ -97,6 +99,21 @@ describe("POST /prefetch by object prefix", () => {
     const res = await submit(rf, { objects: ["data/big/"], tier: "memory" });
     expect(res.status).toBe(400);
     expect((await res.json()).message).toMatch(/needs 3145728 bytes, more than the memory tier holds \(2097152 bytes\)/);
+  });
+
+  it("fails a --tier disk job, naming the block, when the NVMe tier cannot store blocks", async () => {
+    for (let i = 0; i < 3; i++) await ws.put(`w/${i}.bin`, patternBytes(32 * KiB, i + 7));
+    const rf = await start();
+    // Every block write now fails, as on a full or read-only disk: its temporary directory is a file.
+    await rm(join(ws.cache, "tmp"), { recursive: true, force: true });
+    await writeFile(join(ws.cache, "tmp"), "not a directory");
+    const res = await submit(rf, { objects: ["data/w/"], tier: "disk" });
+    expect(res.status).toBe(202);
+    const done = await waitDone(rf, (await res.json()).id);
+    expect(done.state).toBe("failed");
+    expect(done.error).toMatch(/^Cannot store block \d+ of "w\/\d\.bin" in the NVMe tier/);
+    expect(await rf.metric("rackfeed_cache_blocks", { tier: "disk" })).toBe(0);
+    expect(await rf.metric("rackfeed_disk_writes_total", { result: "error" })).toBeGreaterThan(0);
   });
 
   it("refuses bad requests with 400 naming the field, and unknown jobs with 404", async () => {

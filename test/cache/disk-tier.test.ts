@@ -1,0 +1,85 @@
+import { existsSync, readdirSync, statSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { DiskTier } from "../../src/cache/disk-tier.ts";
+import { expectSameBytes } from "../helpers/rackfeed.ts";
+
+/** While set, opening a block file for reading fails with this code (as under descriptor pressure). */
+let failBlockOpens: string | undefined;
+vi.mock("node:fs/promises", async (importOriginal) => {
+  const real = await importOriginal<typeof import("node:fs/promises")>();
+  return {
+    ...real,
+    open: (path: string, flags?: string, ...rest: unknown[]) => {
+      if (failBlockOpens && flags === "r" && String(path).endsWith(".blk")) {
+        return Promise.reject(Object.assign(new Error(`${failBlockOpens}: simulated, open '${path}'`), { code: failBlockOpens }));
+      }
+      return (real.open as (...a: unknown[]) => ReturnType<typeof real.open>)(path, flags, ...rest);
+    },
+  };
+});
+
+const MiB = 2 ** 20;
+let dir: string | undefined;
+afterEach(async () => {
+  failBlockOpens = undefined;
+  if (dir) await rm(dir, { recursive: true, force: true });
+  dir = undefined;
+});
+
+/** Total bytes of the block files under the tier's directory (what the budget is about). */
+function bytesOnDisk(root: string): number {
+  let n = 0;
+  for (const sub of readdirSync(join(root, "blocks"))) {
+    for (const f of readdirSync(join(root, "blocks", sub))) n += statSync(join(root, "blocks", sub, f)).size;
+  }
+  return n;
+}
+
+describe("DiskTier read errors", () => {
+  it("keeps the entry of a block file it cannot open (EMFILE): the file still counts, reads again later, and is evicted in its turn", async () => {
+    dir = await mkdtemp(join(tmpdir(), "rackfeed-disk-"));
+    const errors: string[] = [];
+    const tier = await DiskTier.open({ dir, maxBytes: 4 * MiB, maxPendingWrites: 8, onError: (m, e) => errors.push(`${m}: ${(e as Error)?.message}`) });
+    const key = (i: number) => `data\na.bin\nv1\n${MiB}\n${i}`;
+    const payload = new Uint8Array(MiB).fill(3);
+    expect(await tier.writeAndWait(key(0), payload)).toBe(true);
+    const [path] = tier.files();
+    const fileBytes = statSync(path).size;
+    expect(tier.stats()).toMatchObject({ bytes: fileBytes, blocks: 1 });
+
+    failBlockOpens = "EMFILE";
+    expect(await tier.read(key(0))).toBeUndefined();
+    failBlockOpens = undefined;
+    expect(errors).toEqual([expect.stringMatching(/^Cannot read block file .*\.blk: EMFILE/)]);
+    // Still indexed and accounted, file in place.
+    expect(tier.has(key(0))).toBe(true);
+    expect(tier.stats()).toMatchObject({ bytes: fileBytes, blocks: 1 });
+    expect(existsSync(path)).toBe(true);
+    // Once descriptors are back, the block is served from the NVMe tier again.
+    expectSameBytes((await tier.read(key(0)))!, payload, "block 0 after the failed read");
+
+    // Filling the budget evicts it like any other file: the directory stays within --disk-bytes.
+    for (let i = 1; i <= 4; i++) expect(await tier.writeAndWait(key(i), new Uint8Array(MiB).fill(i))).toBe(true);
+    expect(existsSync(path)).toBe(false);
+    expect(bytesOnDisk(dir)).toBeLessThanOrEqual(4 * MiB);
+    expect(bytesOnDisk(dir)).toBe(tier.stats().bytes);
+    await tier.close();
+  });
+
+  it("drops the entry of a block file that is gone (ENOENT): an ordinary miss, reported to nobody", async () => {
+    dir = await mkdtemp(join(tmpdir(), "rackfeed-disk-"));
+    const errors: string[] = [];
+    const tier = await DiskTier.open({ dir, maxBytes: 4 * MiB, maxPendingWrites: 8, onError: (m) => errors.push(m) });
+    const key = `data\nb.bin\nv1\n${MiB}\n0`;
+    expect(await tier.writeAndWait(key, new Uint8Array(MiB))).toBe(true);
+    await rm(tier.files()[0]);
+    expect(await tier.read(key)).toBeUndefined();
+    expect(tier.has(key)).toBe(false);
+    expect(tier.stats()).toMatchObject({ bytes: 0, blocks: 0 });
+    expect(errors).toEqual([]);
+    await tier.close();
+  });
+});

@@ -1,0 +1,122 @@
+import { execFileSync } from "node:child_process";
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
+import { createClient } from "../../src/client/node.ts";
+import { startFaultProxy } from "../helpers/fault-proxy.ts";
+import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
+
+const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
+const OBJ = patternBytes(100_000, 3);
+let ws: Workspace;
+let rf: RunningServer;
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  await putSyntheticDataset(ws, "tok/d", 1500, 50, 600);
+  await ws.put("obj.bin", OBJ);
+  rf = await startServer(ws, [...(await datasetFlags(ws, "d", REG)), "--block-bytes", "16KiB"]);
+});
+afterAll(async () => {
+  await rf.close();
+  await ws.remove();
+});
+
+/** An HTTP server on 127.0.0.1:0 that answers every request 200 with `body`, whatever its Range (as a cache in front might). */
+async function ignoringRange(body: Uint8Array): Promise<{ url: string; server: Server }> {
+  const server = createServer((_req, res) => {
+    res.writeHead(200, { "content-type": "application/octet-stream", "content-length": body.length });
+    res.end(body);
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server };
+}
+
+describe("RackfeedClient arguments", () => {
+  it("readObject() refuses negative, fractional and inverted ranges with a RangeError, and reads start === end as empty", async () => {
+    const proxy = await startFaultProxy(rf.url);
+    try {
+      const c = new RackfeedClient({ url: proxy.url });
+      for (const range of [{ start: -10 }, { start: 1.5, end: 9 }, { start: 0, end: 2.5 }, { start: 10, end: 5 }, { end: -1 }, { start: Number.NaN }]) {
+        const err = await c.readObject("data", "obj.bin", range).then((b) => `${b.length} bytes`, (e) => e);
+        expect(err, JSON.stringify(range)).toBeInstanceOf(RangeError);
+      }
+      expect(proxy.counts.requests).toBe(0); // refused before any request
+      expect((await c.readObject("data", "obj.bin", { start: 5, end: 5 })).length).toBe(0);
+      expect((await c.readObject("data", "obj.bin", { start: 0, end: 0 })).length).toBe(0);
+      expectSameBytes(await c.readObject("data", "obj.bin", { start: 5, end: 10 }), OBJ.subarray(5, 10)); // a real range still reads
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  it("readObject() never returns a whole object for a ranged read, even from a server that ignores Range", async () => {
+    const { url, server } = await ignoringRange(OBJ);
+    try {
+      const c = new RackfeedClient({ url });
+      // From 0: the head of the whole answer is the range.
+      expectSameBytes(await c.readObject("data", "obj.bin", { start: 0, end: 10 }), OBJ.subarray(0, 10), "bytes 0-9");
+      // From elsewhere: an error, never bytes from the wrong offset.
+      const err = await c.readObject("data", "obj.bin", { start: 5, end: 10 }).then((b) => `${b.length} bytes`, (e) => e);
+      expect(err).toBeInstanceOf(RackfeedError);
+      expect(err.code).toBe("BAD_RESPONSE");
+    } finally {
+      await new Promise((r) => server.close(r));
+    }
+  });
+
+  it("batches() refuses a bad prefetch, rank, world or microBatch (NaN, Infinity, 0, prefetch over 64) with a RangeError before any request", async () => {
+    const proxy = await startFaultProxy(rf.url);
+    try {
+      const c = new RackfeedClient({ url: proxy.url });
+      const ok = { rank: 0, world: 1, microBatch: 4, endStep: 3 };
+      const bad = [
+        { prefetch: Number.NaN }, { prefetch: Infinity }, { prefetch: 0 }, { prefetch: 65 }, { prefetch: 1.5 }, { prefetch: -1 },
+        { rank: Number.NaN }, { rank: -1 }, { rank: 1 }, { rank: 0.5 },
+        { world: 0 }, { world: Number.NaN }, { world: Infinity },
+        { microBatch: 0 }, { microBatch: Number.NaN }, { microBatch: Infinity },
+      ];
+      for (const b of bad) {
+        const got = await c.batches("d", { ...ok, ...b }).next().then((r) => `yielded ${JSON.stringify(r.value?.shape)}`, (e) => e);
+        expect(got, JSON.stringify(b, (_k, v) => (typeof v === "number" && !Number.isFinite(v) ? String(v) : v))).toBeInstanceOf(RangeError);
+      }
+      expect(proxy.counts.requests).toBe(0);
+      // The bounds themselves are fine.
+      const steps: number[] = [];
+      for await (const b of c.batches("d", { ...ok, prefetch: 64 })) steps.push(b.step);
+      expect(steps).toEqual([0, 1, 2]);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  it("refuses a url without an http(s) scheme in the constructor", () => {
+    for (const url of ["localhost:8080", "127.0.0.1:8080", "ftp://127.0.0.1:8080"]) {
+      expect(() => new RackfeedClient({ url }), url).toThrow(RangeError);
+    }
+    expect(() => new RackfeedClient({ url: "http://localhost:8080" })).not.toThrow();
+  });
+
+  it("fails at once on an untrusted TLS certificate, without retries, naming the cause", async () => {
+    const key = join(ws.dir, "self-key.pem");
+    const cert = join(ws.dir, "self-cert.pem");
+    execFileSync("openssl", [
+      "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+      "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+    ], { stdio: "ignore" });
+    const tls = await startServer(ws, ["--tls-cert", cert, "--tls-key", key, "--cache-dir", join(ws.dir, "c-tls")]);
+    try {
+      for (const c of [createClient({ url: tls.url, shm: false }), new RackfeedClient({ url: tls.url })]) { // no `ca`
+        const err = await c.readObject("data", "obj.bin").then((b) => `${b.length} bytes`, (e) => e);
+        expect(err).toBeInstanceOf(RackfeedError);
+        expect(err.message).toMatch(/SELF_SIGNED|CERT/);
+        expect(c.retried).toBe(0);
+      }
+    } finally {
+      await tls.close();
+    }
+  });
+});

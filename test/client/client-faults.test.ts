@@ -1,0 +1,162 @@
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { RackfeedClient } from "../../src/client/mod.ts";
+import { type Fault, type FaultProxy, type FaultRule, onceEach, startFaultProxy } from "../helpers/fault-proxy.ts";
+import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
+import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
+
+const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
+let ws: Workspace;
+let rf: RunningServer;
+let args: string[];
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  await putSyntheticDataset(ws, "tok/d", 1500, 50, 600);
+  args = [...(await datasetFlags(ws, "d", REG)), "--block-bytes", "16KiB"];
+  rf = await startServer(ws, args);
+});
+afterAll(async () => {
+  await rf.close();
+  await ws.remove();
+});
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const pass: Fault = { kind: "pass" };
+const isBatch = (url: string | undefined, step: number) => url?.startsWith(`/v1/datasets/d/batches/${step}?`) === true;
+
+/** A fault proxy in front of the server for `fn`, closed afterwards. */
+async function withProxy<T>(rule: FaultRule, fn: (proxy: FaultProxy) => Promise<T>): Promise<T> {
+  const proxy = await startFaultProxy(rf.url, rule);
+  try {
+    return await fn(proxy);
+  } finally {
+    await proxy.close();
+  }
+}
+
+/** Rank 0 of 1's batch of `step` with micro-batch 4, straight from the server. */
+const direct = async (step: number) =>
+  new Uint8Array(await (await fetch(`${rf.url}/v1/datasets/d/batches/${step}?rank=0&world=1&micro_batch=4`)).arrayBuffer());
+
+/** Collects `batches()` (rank 0 of 1, micro-batch 4) with copies of their bytes. */
+async function collect(c: RackfeedClient, opts: { endStep: number; prefetch?: number }) {
+  const got: { step: number; bytes: Uint8Array }[] = [];
+  for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 4, ...opts })) {
+    got.push({ step: b.step, bytes: new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength).slice() });
+  }
+  return got;
+}
+
+/** `p`, or an error naming `what` after `ms`. */
+function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  return Promise.race([
+    p,
+    new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: still waiting after ${ms} ms`)), ms))),
+  ]).finally(() => clearTimeout(timer));
+}
+
+describe("RackfeedClient under network faults", () => {
+  it("retries a batch whose body is cut mid-transfer (connection reset): every step once, in order, with the server's bytes", async () => {
+    // 4 × 129 uint16 = 1032 body bytes: step 3's first answer stops after 300 of them.
+    const rule = onceEach((req) => (isBatch(req.url, 3) ? { kind: "reset", afterBytes: 300 } : undefined));
+    await withProxy(rule, async (proxy) => {
+      const c = new RackfeedClient({ url: proxy.url, backoffMs: 5 });
+      const got = await collect(c, { endStep: 6 });
+      expect(proxy.counts.faults.reset).toBe(1);
+      expect(got.map((g) => g.step)).toEqual([0, 1, 2, 3, 4, 5]);
+      for (const g of got) expectSameBytes(g.bytes, await direct(g.step), `step ${g.step}`);
+      expect(c.retried).toBe(1);
+    });
+  });
+
+  it("abandons an attempt whose answer stalls past timeoutMs and retries it", async () => {
+    // Step 2's first answer sends its headers and 300 body bytes, then nothing (the socket stays open).
+    const rule = onceEach((req) => (isBatch(req.url, 2) ? { kind: "stall", afterBytes: 300 } : undefined));
+    await withProxy(rule, async (proxy) => {
+      const c = new RackfeedClient({ url: proxy.url, timeoutMs: 500, backoffMs: 5 });
+      const t0 = performance.now();
+      const got = await within(collect(c, { endStep: 6 }), 5000, "batches() over a stalled answer");
+      expect(proxy.counts.faults.stall).toBe(1);
+      expect(performance.now() - t0).toBeGreaterThanOrEqual(500); // it did wait for the stalled attempt
+      expect(got.map((g) => g.step)).toEqual([0, 1, 2, 3, 4, 5]);
+      for (const g of got) expectSameBytes(g.bytes, await direct(g.step), `step ${g.step}`);
+      expect(c.retried).toBe(1);
+    });
+  });
+
+  it("ends batches() with the reason of its signal, its requests in flight cancelled", async () => {
+    // Every batch after step 0 takes 2 s to come: the caller aborts while it waits for step 1.
+    await withProxy((_n, req) => (isBatch(req.url, 0) || !req.url?.includes("/batches/") ? pass : { kind: "delay", ms: 2000 }), async (proxy) => {
+      const c = new RackfeedClient({ url: proxy.url });
+      const ac = new AbortController();
+      const reason = new Error("trainer stopped");
+      const seen: number[] = [];
+      const t0 = performance.now();
+      const loop = (async () => {
+        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 4, endStep: 4, prefetch: 3, signal: ac.signal })) {
+          seen.push(b.step);
+          setTimeout(() => ac.abort(reason), 100);
+        }
+      })();
+      const err = await loop.then(() => undefined, (e) => e);
+      expect(err).toBe(reason);
+      expect(seen).toEqual([0]);
+      expect(performance.now() - t0).toBeLessThan(1500); // not after step 1 came
+      await waitFor(async () => proxy.counts.inFlight === 0, "no request in flight at the proxy", 1000);
+    });
+  });
+
+  it("leaves no request in flight after the caller breaks out of batches()", async () => {
+    await withProxy((_n, req) => (isBatch(req.url, 0) || !req.url?.includes("/batches/") ? pass : { kind: "delay", ms: 1500 }), async (proxy) => {
+      const c = new RackfeedClient({ url: proxy.url });
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 4, endStep: 100, prefetch: 8 })) {
+        expect(b.step).toBe(0);
+        // Steps 1-7 are on their way (held 1.5 s at the proxy) when the caller stops.
+        await waitFor(async () => proxy.counts.inFlight >= 7, "the prefetched requests to reach the proxy", 1000);
+        break;
+      }
+      const requests = proxy.counts.requests;
+      // Well before the held answers would have come (1.5 s).
+      await waitFor(async () => proxy.counts.inFlight === 0, "no request in flight at the proxy after break", 700);
+      await sleep(1000);
+      expect(proxy.counts.requests).toBe(requests); // and none is retried afterwards
+    });
+  });
+
+  it("rides out a server restart of several seconds with the default retry options: every step once, in order", async () => {
+    const port = await freePort();
+    const listen = ["--listen", `127.0.0.1:${port}`, "--cache-dir", join(ws.dir, "restart-cache")];
+    let server: RunningServer | undefined = await startServer(ws, [...args, ...listen]);
+    // Defaults only. The down time is longer than the most that the former default (8 retries,
+    // 50 ms doubled up to 2 s: 7.15 s of backoff at most) could wait, so this fails without retryForMs.
+    const DOWN_MS = 7500;
+    const c = new RackfeedClient({ url: `http://127.0.0.1:${port}` });
+    const got: { step: number; bytes: Uint8Array }[] = [];
+    let restarted: Promise<void> | undefined;
+    let downFor = 0;
+    try {
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 4, endStep: 8 })) {
+        got.push({ step: b.step, bytes: new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength).slice() });
+        if (b.step === 3) {
+          const old = server!;
+          server = undefined;
+          await old.close();
+          const t0 = performance.now();
+          restarted = sleep(DOWN_MS).then(async () => {
+            server = await startServer(ws, [...args, ...listen]);
+            downFor = performance.now() - t0;
+          });
+        }
+      }
+    } finally {
+      await restarted;
+      await server?.close();
+    }
+    expect(downFor).toBeGreaterThanOrEqual(DOWN_MS);
+    expect(got.map((g) => g.step)).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
+    expect(c.retried).toBeGreaterThan(0);
+    for (const g of got) expectSameBytes(g.bytes, await direct(g.step), `step ${g.step}`);
+  }, 30_000);
+});

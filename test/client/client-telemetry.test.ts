@@ -1,0 +1,98 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { RackfeedClient } from "../../src/client/mod.ts";
+import { type Fault, type FaultProxy, type FaultRule, startFaultProxy } from "../helpers/fault-proxy.ts";
+import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
+
+const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
+/** One dataset name per test (the same data): the telemetry metrics are labelled by dataset, so no test sees another's. */
+const NAMES = ["fails", "close", "every", "negative"];
+let ws: Workspace;
+let rf: RunningServer;
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  await putSyntheticDataset(ws, "tok/d", 1500, 50, 600);
+  const flags: string[] = [];
+  for (const name of NAMES) flags.push(...(await datasetFlags(ws, name, REG)));
+  rf = await startServer(ws, [...flags, "--block-bytes", "16KiB"]);
+});
+afterAll(async () => {
+  await rf.close();
+  await ws.remove();
+});
+
+const pass: Fault = { kind: "pass" };
+
+/** A fault proxy in front of the server for `fn`, closed afterwards. */
+async function withProxy<T>(rule: FaultRule, fn: (proxy: FaultProxy) => Promise<T>): Promise<T> {
+  const proxy = await startFaultProxy(rf.url, rule);
+  try {
+    return await fn(proxy);
+  } finally {
+    await proxy.close();
+  }
+}
+
+describe("RackfeedClient telemetry", () => {
+  it("neither fails nor holds the for-await loop when the report at the end of the range fails (503)", async () => {
+    await withProxy((_n, req) => (req.url === "/v1/telemetry" ? { kind: "slowdown" } : pass), async (proxy) => {
+      // Each retry of the report waits 500 ms: a loop that waited for it would end a second late.
+      const c = new RackfeedClient({ url: proxy.url, retries: 2, sleep: (ms) => new Promise((r) => setTimeout(r, Math.max(ms, 500))) });
+      const seen: number[] = [];
+      let last = 0;
+      for await (const b of c.batches("fails", { rank: 0, world: 1, microBatch: 4, endStep: 5 })) {
+        seen.push(b.step);
+        last = performance.now();
+      }
+      const endedAfter = performance.now() - last;
+      expect(seen).toEqual([0, 1, 2, 3, 4]);
+      expect(endedAfter).toBeLessThan(400);
+      await c.close(); // the failed report is telemetry's loss, not the caller's error
+      expect(proxy.counts.faults.slowdown).toBe(3); // the report was sent, refused, and retried twice
+      expect(c.retried).toBe(2);
+    });
+  });
+
+  it("close() waits for the reports sent in the background: every t_wait is on the server when it returns", async () => {
+    // Each report takes 800 ms to reach the server.
+    await withProxy((_n, req) => (req.url === "/v1/telemetry" ? { kind: "delay", ms: 800 } : pass), async (proxy) => {
+      const c = new RackfeedClient({ url: proxy.url, reportEvery: 8 });
+      const before = await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "close" });
+      let steps = 0;
+      for await (const _ of c.batches("close", { rank: 1, world: 2, microBatch: 4, endStep: 16 })) steps++;
+      await c.close();
+      expect(steps).toBe(16);
+      expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "close" })).toBe(before + 16);
+      expect(proxy.counts.faults.delay).toBeGreaterThanOrEqual(2); // sent in more than one report
+    });
+  });
+
+  it("with reportEvery 1, counts every step in rackfeed_steps_total (a step travels in one report)", async () => {
+    const c = new RackfeedClient({ url: rf.url, reportEvery: 1 });
+    const healthy = () => rf.metric("rackfeed_steps_total", { dataset: "every", healthy: "true" });
+    const waits = () => rf.metric("rackfeed_t_wait_seconds_count", { dataset: "every" });
+    const before = { healthy: await healthy(), waits: await waits() };
+    for await (const b of c.batches("every", { rank: 0, world: 2, microBatch: 4, endStep: 24 })) {
+      c.reportStep(b.step, { t_h2d: 0, t_compute: 10 }); // every step is healthy
+    }
+    await c.close();
+    expect(await healthy()).toBe(before.healthy + 24);
+    expect(await waits()).toBe(before.waits + 24);
+    expect(await rf.metric("rackfeed_steps_total", { dataset: "every", healthy: "false" })).toBe(0);
+  });
+
+  it("refuses a negative t_h2d at reportStep() with a RangeError, and the other steps' timings still arrive", async () => {
+    const c = new RackfeedClient({ url: rf.url, reportEvery: 32 });
+    const h2d = () => rf.metric("rackfeed_t_h2d_seconds_count", { dataset: "negative" });
+    const waits = () => rf.metric("rackfeed_t_wait_seconds_count", { dataset: "negative" });
+    const before = { h2d: await h2d(), waits: await waits() };
+    for await (const b of c.batches("negative", { rank: 0, world: 1, microBatch: 4, endStep: 32 })) {
+      if (b.step === 5) expect(() => c.reportStep(b.step, { t_h2d: -1e-6, t_compute: 0.1 })).toThrow(RangeError);
+      else c.reportStep(b.step, { t_h2d: 0.001, t_compute: 0.1 });
+    }
+    await c.close();
+    expect(await waits()).toBe(before.waits + 32);
+    expect(await h2d()).toBe(before.h2d + 31);
+  });
+});
