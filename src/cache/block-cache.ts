@@ -200,7 +200,13 @@ export class BlockCache {
    */
   warm(gw: OriginGateway, key: string, info: ObjectInfo, index: number): boolean {
     const k = this.keyOf(gw, key, info, index);
-    if (this.#memory.has(k) || this.#flights.has(k)) return false;
+    if (this.#memory.has(k)) return false;
+    const flight = this.#flights.get(k);
+    if (flight) {
+      // A consumer's read-ahead needs a block a prefetch job is filling: at foreground priority.
+      this.#promote.get(flight)?.abort();
+      return false;
+    }
     const fill = this.#lookup(gw, key, info, index, true);
     if (!(fill instanceof Uint8Array)) fill.done.catch(() => {});
     return true;

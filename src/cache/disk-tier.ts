@@ -7,7 +7,7 @@
 
 import { createHash, randomBytes } from "node:crypto";
 import { crc32 } from "node:zlib";
-import { mkdir, open, readdir, readFile, rename, rm, unlink } from "node:fs/promises";
+import { mkdir, open, readdir, readFile, realpath, rename, rm, unlink } from "node:fs/promises";
 
 // Format 2 checks payloads with CRC-32 (zlib's, SIMD: 3–7 GB/s here) instead of format 1's
 // SHA-256 (~1.1 GB/s, on the main thread for every block written and read: 18 % of a cold
@@ -85,6 +85,8 @@ export class DiskTier {
   readonly #dir: string;
   /** Whether this tier holds (a share of) the directory's lock. */
   #locked = false;
+  /** The directory's real path: the key of its lock among this process's tiers. */
+  #lockKey = "";
   readonly #maxBytes: number;
   readonly #maxPending: number;
   readonly #onError: (message: string, cause: unknown) => void;
@@ -140,24 +142,36 @@ export class DiskTier {
    * other's temporary files at start-up. A lock of a process that no longer runs is taken over.
    */
   async #lock(owner: DiskTierOptions["owner"]): Promise<void> {
-    const held = HELD.get(this.#dir);
-    if (held !== undefined) {
-      HELD.set(this.#dir, held + 1);
+    await mkdir(this.#dir, { recursive: true });
+    // Servers in this process share the lock by the directory's real path, however it is spelled.
+    this.#lockKey = await realpath(this.#dir);
+    const shared = HELD.get(this.#lockKey);
+    if (shared !== undefined) {
+      HELD.set(this.#lockKey, shared + 1);
       this.#locked = true;
       return;
     }
-    await mkdir(this.#dir, { recursive: true });
     const path = `${this.#dir}/lock`;
     for (let attempt = 0; attempt < 2; attempt++) {
       try {
         const fh = await open(path, "wx");
-        await fh.writeFile(`${owner?.pid ?? 0}\n`);
-        await fh.close();
-        HELD.set(this.#dir, 1);
+        // Held from here: a tier of this process that finds the file now shares it.
+        HELD.set(this.#lockKey, 1);
         this.#locked = true;
+        try {
+          await fh.writeFile(`${owner?.pid ?? 0}\n`);
+        } finally {
+          await fh.close();
+        }
         return;
       } catch (e) {
         if ((e as { code?: string }).code !== "EEXIST") throw e;
+      }
+      const sharedNow = HELD.get(this.#lockKey); // another tier of this process took it meanwhile
+      if (sharedNow !== undefined) {
+        HELD.set(this.#lockKey, sharedNow + 1);
+        this.#locked = true;
+        return;
       }
       const pid = Number((await readFile(path, "utf8").catch(() => "")).trim());
       if (owner && Number.isSafeInteger(pid) && pid > 0 && pid !== owner.pid && owner.isAlive(pid)) {
@@ -172,12 +186,12 @@ export class DiskTier {
   async close(): Promise<void> {
     if (!this.#locked) return;
     this.#locked = false;
-    const users = (HELD.get(this.#dir) ?? 1) - 1;
+    const users = (HELD.get(this.#lockKey) ?? 1) - 1;
     if (users > 0) {
-      HELD.set(this.#dir, users);
+      HELD.set(this.#lockKey, users);
       return;
     }
-    HELD.delete(this.#dir);
+    HELD.delete(this.#lockKey);
     await unlink(`${this.#dir}/lock`).catch(() => {});
   }
 
@@ -254,11 +268,16 @@ export class DiskTier {
         await fh.close();
       }
     } catch (e) {
-      // Evicted between the index lookup and the open (ENOENT) is an ordinary miss. Any other
-      // failure (EMFILE, EIO) keeps the entry: the file is still there and still counts against
-      // the budget (dropping it from the index would leave it on disk, unaccounted, for good).
-      if ((e as { code?: string }).code === "ENOENT") this.#drop(key, entry);
-      else this.#onError(`Cannot read block file ${entry.path}`, e);
+      // Evicted between the index lookup and the open (ENOENT) is an ordinary miss. Out of file
+      // descriptors (EMFILE, ENFILE) passes: the entry stays, with its file still counted
+      // against the budget. Anything else (EIO, EACCES) will not pass: the entry and its file go,
+      // so the block is written afresh from the origin instead of failing every read.
+      const code = (e as { code?: string }).code;
+      if (code !== "ENOENT") this.#onError(`Cannot read block file ${entry.path}`, e);
+      if (code !== "EMFILE" && code !== "ENFILE") {
+        this.#drop(key, entry);
+        if (code !== "ENOENT") await unlink(entry.path).catch(() => {});
+      }
       return undefined;
     }
     const payload = verifyBlockFile(file, key);

@@ -96,7 +96,14 @@ export async function prefetchCommand(args: readonly string[], host: AdminHost):
     host.print(`follow it: rackfeed prefetch --server ${server} ... --watch, or GET ${server}/prefetch/${job.id}`);
     return 0;
   }
-  const last = await watch(doFetch, `${server}/prefetch/${job.id}/events`, headers, host);
+  let last: PrefetchProgress | undefined;
+  try {
+    last = await watch(doFetch, `${server}/prefetch/${job.id}/events`, headers, host);
+  } catch (e) {
+    // The server went away (or the stream broke) while we watched: say so, not a stack trace.
+    host.printError(`rackfeed prefetch: lost ${server} while watching job ${job.id}: ${(e as Error).message}; the job may still run (GET ${server}/prefetch/${job.id})`);
+    return 1;
+  }
   if (!last) {
     host.printError("rackfeed prefetch: the event stream ended before the job did");
     return 1;
@@ -123,33 +130,44 @@ async function watch(
   let last: PrefetchProgress | undefined;
   const decoder = new TextDecoder();
   let buffered = "";
-  for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-    buffered += decoder.decode(chunk, { stream: true });
-    let cut;
-    while ((cut = buffered.indexOf("\n\n")) >= 0) {
-      const event = buffered.slice(0, cut);
-      buffered = buffered.slice(cut + 2);
-      const data = event.split("\n").find((l) => l.startsWith("data: "));
-      if (!data) continue;
-      const p = JSON.parse(data.slice(6)) as PrefetchProgress;
-      const values = {
-        done: formatBytes(p.bytesDone),
-        total: formatBytes(p.bytesTotal),
-        rate: formatBytes(Math.round(p.rate)),
-        eta_text: p.etaSeconds === null ? "?" : `${p.etaSeconds.toFixed(1)}s`,
-        state: p.state,
-      };
-      if (bar) {
-        if (!last) bar.start(Math.max(1, p.bytesTotal), p.bytesDone, values);
-        else bar.update(p.bytesDone, values);
-      } else if (!last || p.state !== last.state) {
-        host.print(`${p.state}: ${values.done} of ${values.total}`);
+  try {
+    await readEvents();
+  } finally {
+    bar?.stop();
+  }
+  return last && ["done", "failed", "cancelled"].includes(last.state) ? last : undefined;
+
+  async function readEvents(): Promise<void> {
+    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+      buffered += decoder.decode(chunk, { stream: true });
+      let cut;
+      while ((cut = buffered.indexOf("\n\n")) >= 0) {
+        const event = buffered.slice(0, cut);
+        buffered = buffered.slice(cut + 2);
+        const data = event.split("\n").find((l) => l.startsWith("data: "));
+        if (!data) continue;
+        const p = JSON.parse(data.slice(6)) as PrefetchProgress;
+        const values = {
+          done: formatBytes(p.bytesDone),
+          total: formatBytes(p.bytesTotal),
+          rate: formatBytes(Math.round(p.rate)),
+          eta_text: p.etaSeconds === null ? "?" : `${p.etaSeconds.toFixed(1)}s`,
+          state: p.state,
+        };
+        if (bar) {
+          if (!last) bar.start(Math.max(1, p.bytesTotal), p.bytesDone, values);
+          else {
+            // A job planned in the background learns its total after it started.
+            if (p.bytesTotal !== last.bytesTotal) bar.setTotal(Math.max(1, p.bytesTotal));
+            bar.update(p.bytesDone, values);
+          }
+        } else if (!last || p.state !== last.state) {
+          host.print(`${p.state}: ${values.done} of ${values.total}`);
+        }
+        last = p;
       }
-      last = p;
     }
   }
-  bar?.stop();
-  return last && ["done", "failed", "cancelled"].includes(last.state) ? last : undefined;
 }
 
 function summary(p: PrefetchProgress): string {

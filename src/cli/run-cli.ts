@@ -110,6 +110,9 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
     return 2;
   }
   const log = (m: string, err?: unknown) => host.printError(err === undefined ? m : `${m}: ${describe(err)}`);
+  // Installed before anything starts: a signal while starting (or right after "listening" is
+  // printed, which is when supervisors and tests send one) must shut down cleanly, not kill.
+  const shutdown = new Promise<void>((resolve) => host.onShutdown(resolve));
   let server;
   try {
     server = await createServer(config, {
@@ -163,7 +166,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
     host.print(`  curl -s '${u}/v1/datasets/demo/batches/0?rank=0&world=2&micro_batch=4' | od -A d -t u2 | head -3`);
     host.print(`  curl -s ${u}/metrics | grep rackfeed_cache`);
   }
-  await new Promise<void>((resolve) => host.onShutdown(resolve));
+  await shutdown;
   host.print("rackfeed: shutting down (draining requests, flushing the disk tier)");
   // A request or fill waiting on an origin that stopped answering must not hold the process:
   // requests get --shutdown-grace, and whatever is left of it goes to fills; the server's own

@@ -137,6 +137,25 @@ describe("prefetch priority", () => {
     expect(origin.order).toEqual(["busy.bin@0", "busy.bin@1", "busy.bin@2", "joined.bin@0", "busy.bin@3", "busy.bin@4", "alone.bin@0"]);
     await cache.close();
   });
+
+  it("moves a prefetch fill's queued read to the foreground when dataset read-ahead warms its block", async () => {
+    await ws.put("busy.bin", patternBytes(3 * 64 * KiB, 31));
+    await ws.put("warmed.bin", patternBytes(64 * KiB, 32));
+    const origin = new RecordingOrigin(ws.origin);
+    const gw = new OriginGateway(origin, { concurrency: 1, maxQueue: 100, metadataTtl: 0 });
+    const cache = memoryCache(0);
+    const busy = await gw.stat("busy.bin");
+    const warmed = await gw.stat("warmed.bin");
+    const reads: Promise<unknown>[] = [cache.block(gw, "busy.bin", busy, 0)]; // takes the slot
+    reads.push(cache.prefetch(gw, "warmed.bin", warmed, 0, { tier: "memory", background: true }));
+    reads.push(cache.block(gw, "busy.bin", busy, 1));
+    expect(cache.warm(gw, "warmed.bin", warmed, 0)).toBe(false); // already being filled: no second fill
+    reads.push(cache.block(gw, "busy.bin", busy, 2));
+    origin.release();
+    await Promise.all(reads);
+    expect(origin.order).toEqual(["busy.bin@0", "busy.bin@1", "warmed.bin@0", "busy.bin@2"]);
+    await cache.close();
+  });
 });
 
 describe("single-flight fills", () => {

@@ -1,5 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { parseMetrics, renderStats } from "../../src/cli/admin-commands.ts";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
+import { parseMetrics, prefetchCommand, renderStats } from "../../src/cli/admin-commands.ts";
 import { freePort, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { NODE, NODE_TS, ROOT, runToExit } from "../helpers/spawn.ts";
 
@@ -39,6 +41,37 @@ describe("rackfeed prefetch", () => {
     expect(code).toBe(1);
     expect(out).toMatch(new RegExp(`^rackfeed prefetch: cannot reach http://127\\.0\\.0\\.1:${port}: fetch failed \\(.*ECONNREFUSED`, "m"));
     expect(out).not.toMatch(/^\s+at /m); // a message, not a stack trace
+  });
+
+  it("--watch exits 1 saying it lost the server when the event stream breaks, without a stack trace", async () => {
+    // A server that accepts the job, sends one progress event, then dies mid-stream.
+    const job = { id: "p1", state: "running", tier: "disk", what: "objects data/x/", objectsDone: 0, objectsTotal: 1, blocksDone: 0, blocksTotal: 4, blocksCached: 0, bytesDone: 0, bytesTotal: 400, rate: 0, etaSeconds: null, startedAt: null, finishedAt: null, error: null };
+    const dying = createServer((req, res) => {
+      if (req.method === "POST") {
+        res.writeHead(202, { "content-type": "application/json" }).end(JSON.stringify(job));
+        return;
+      }
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.write(`data: ${JSON.stringify(job)}\n\n`);
+      setTimeout(() => res.socket?.destroy(), 50);
+    });
+    await new Promise<void>((r) => dying.listen(0, "127.0.0.1", r));
+    const url = `http://127.0.0.1:${(dying.address() as AddressInfo).port}`;
+    const out: string[] = [];
+    const errors: string[] = [];
+    try {
+      const code = await prefetchCommand(["--server", url, "--objects", "data/x/", "--watch", "--admin-token", ADMIN], {
+        env: {},
+        print: (l) => out.push(l),
+        printError: (l) => errors.push(l),
+      });
+      expect(code).toBe(1);
+      expect(errors.join("\n")).toMatch(new RegExp(`^rackfeed prefetch: lost ${url.replace(/\./g, "\\.")} while watching job p1: .*the job may still run`, "m"));
+      expect(out).toContain("running: 0 B of 400 B");
+    } finally {
+      dying.closeAllConnections();
+      await new Promise((r) => dying.close(r));
+    }
   });
 
   it("exits 2 on bad usage, naming what to fix", async () => {
