@@ -181,7 +181,7 @@ export class PrefetchJobs {
     const quick = await Promise.race([
       planned.then((plan) => ({ plan }), (error: unknown) => ({ error })),
       new Promise<undefined>((r) => {
-        const timer = setTimeout(r, PLAN_WAIT_MS);
+        const timer = setTimeout(() => r(undefined), PLAN_WAIT_MS);
         stopWaiting = () => clearTimeout(timer);
       }),
     ]);
