@@ -9,7 +9,8 @@
 // Client: node:http (keep-alive) and node:http2, 4 requests in flight, bounded by time.
 //
 // Run: bash bench/transport/run.sh (installs wrk, h2load) or node --import tsx bench/transport/run.ts
-// Knobs: BENCH_SECONDS=3, BENCH_PASSES=8, BENCH_ARGS (extra serve flags for both servers)
+// Knobs: BENCH_SECONDS=3, BENCH_PASSES=8, BENCH_ARGS (extra serve flags for both servers),
+// BENCH_TLS=1 (also HTTP/1.1 and HTTP/2 over TLS, ALPN; no latency column for those rows)
 
 import * as http from "node:http";
 import * as http2 from "node:http2";
@@ -165,6 +166,16 @@ async function latency(get: Get, path: (i: number) => string): Promise<[number, 
 }
 
 const ws = await makeWorkspace();
+/** BENCH_TLS=1: also HTTP/1.1 and HTTP/2 over TLS (a self-signed certificate made here). */
+const TLS = process.env.BENCH_TLS === "1"
+  ? (() => {
+    const cert = `${ws.dir}/cert.pem`;
+    const key = `${ws.dir}/key.pem`;
+    execFileSync("openssl", ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
+      "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:FALSE"], { stdio: "ignore" });
+    return { cert, key };
+  })()
+  : undefined;
 // Rings live where a deployment keeps them (tmpfs, the default /dev/shm), not in the workspace,
 // which may sit on a disk-backed /tmp.
 const shmRoot = mkdtempSync("/dev/shm/rackfeed-bench-");
@@ -190,7 +201,7 @@ try {
   console.log(`|---|---|---|---|---|---|---|---|---|---|---|---|`);
   const ratio = (a: number, b: number) => `${(a / b).toFixed(2)}×`;
   const row = (name: string, t: string, g1: number, g8: number, p50: number, p99: number) =>
-    console.log(`| ${name} | ${t} | ${g1.toFixed(2)} | ${ratio(g1, memcpy1)} | ${ratio(g1, fromMemory1)} | ${ratio(g1, asm1)} | ${g8.toFixed(2)} | ${ratio(g8, memcpy8)} | ${ratio(g8, fromMemory8)} | ${ratio(g8, asm8)} | ${p50.toFixed(3)} | ${p99.toFixed(3)} |`);
+    console.log(`| ${name} | ${t} | ${g1.toFixed(2)} | ${ratio(g1, memcpy1)} | ${ratio(g1, fromMemory1)} | ${ratio(g1, asm1)} | ${g8.toFixed(2)} | ${ratio(g8, memcpy8)} | ${ratio(g8, fromMemory8)} | ${ratio(g8, asm8)} | ${Number.isNaN(p50) ? "–" : p50.toFixed(3)} | ${Number.isNaN(p99) ? "–" : p99.toFixed(3)} |`);
   for (const [name, cmd, pre] of [
     ["deno", DENO, ["run", "-A", `${ROOT}src/main.ts`]],
     ["node", NODE, [...NODE_TS, `${ROOT}src/main.node.ts`]],
@@ -219,6 +230,23 @@ try {
           row(name, tname, g1, g8, p50, p99);
         } finally {
           c.close();
+        }
+      }
+      if (TLS) {
+        // TLS rows: a second server of this runtime with --tls-cert/--tls-key; wrk speaks
+        // HTTP/1.1 over TLS, h2load negotiates h2 by ALPN. A first pass warms the blocks.
+        const secure = await startChild(cmd, [...pre, "serve", "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`,
+          "--cache-dir", `${ws.dir}/c-${name}-tls`, "--dataset", `d=${ws.dir}/d.json`, "--read-ahead-seconds", "0",
+          "--shm-dir", "off", "--tls-cert", TLS.cert, "--tls-key", TLS.key, ...EXTRA_ARGS]);
+        try {
+          const paths = SIZES.map(({ mb, steps }) => Array.from({ length: steps }, (_, i) => `/v1/datasets/d/batches/${i}?rank=0&world=1&micro_batch=${mb}`));
+          for (const [tname, measure] of [["HTTP/1.1 over TLS", wrkGBs], ["HTTP/2 over TLS (ALPN h2)", h2loadGBs]] as const) {
+            for (const p of paths) measure(secure.url, p, ws.dir); // warm-up, not counted
+            const [g1, g8] = paths.map((p) => measure(secure.url, p, ws.dir));
+            row(name, tname, g1, g8, NaN, NaN);
+          }
+        } finally {
+          await secure.stop();
         }
       }
       for (const client of ["deno", "node"] as const) {
