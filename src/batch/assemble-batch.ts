@@ -296,7 +296,8 @@ export function checkedBodyBytes(reg: RegisteredDataset, count: number, maxBytes
  * for now, without fetching or copying anything (a HEAD request).
  */
 export function peekCacheState(cache: BlockCache, reg: RegisteredDataset, first: number, count: number): "hit" | "filling" | "miss" {
-  const plan = planSamples(reg, first, count, cache.blockBytes);
+  // Not kept in the plan table: a HEAD must not push out the plans of consumers' steps.
+  const plan = planSamples(reg, first, count, cache.blockBytes, false);
   let filling = false;
   for (const packed of plan.blocks) {
     const f = reg.files[blockSource(packed)];

@@ -7,7 +7,7 @@
 
 import { createHash, randomBytes } from "node:crypto";
 import { crc32 } from "node:zlib";
-import { mkdir, open, readdir, readFile, realpath, rename, rm, unlink } from "node:fs/promises";
+import { link, mkdir, open, readdir, readFile, realpath, rename, rm, unlink, writeFile } from "node:fs/promises";
 
 // Format 2 checks payloads with CRC-32 (zlib's, SIMD: 3–7 GB/s here) instead of format 1's
 // SHA-256 (~1.1 GB/s, on the main thread for every block written and read: 18 % of a cold
@@ -61,6 +61,31 @@ export class CacheDirInUseError extends Error {
  * process (tests, embedding) share the lock; it is released when the last of them closes.
  */
 const HELD = new Map<string, number>();
+/** Lock and release of one directory by this process's tiers, one at a time (by real path). */
+const LOCKING = new Map<string, Promise<unknown>>();
+
+/** Runs `fn` after every earlier lock or release of `key` in this process has ended. */
+function serial<T>(key: string, fn: () => Promise<T>): Promise<T> {
+  const run = (LOCKING.get(key) ?? Promise.resolve()).then(fn, fn);
+  LOCKING.set(key, run.catch(() => {}));
+  return run;
+}
+
+/**
+ * When process `pid` started (field 22 of `/proc/PID/stat`, clock ticks since boot, with the
+ * boot's id so a reboot changes it too); undefined where /proc cannot say (not Linux, no access).
+ */
+async function processStartTime(pid: number): Promise<string | undefined> {
+  try {
+    const stat = await readFile(`/proc/${pid}/stat`, "utf8");
+    // The command name (field 2) is in parentheses and may hold spaces: count from the last ")".
+    const start = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
+    const boot = (await readFile("/proc/sys/kernel/random/boot_id", "utf8").catch(() => "")).trim().slice(0, 8);
+    return start ? `${start}@${boot}` : undefined;
+  } catch {
+    return undefined;
+  }
+}
 
 /** Block-file headers read at once while the index is rebuilt at start-up. */
 const REBUILD_READS = 32;
@@ -143,56 +168,77 @@ export class DiskTier {
    */
   async #lock(owner: DiskTierOptions["owner"]): Promise<void> {
     await mkdir(this.#dir, { recursive: true });
-    // Servers in this process share the lock by the directory's real path, however it is spelled.
+    // Servers in this process share the lock by the directory's real path, however it is spelled;
+    // their locks and releases run one at a time, so the count below is never raced.
     this.#lockKey = await realpath(this.#dir);
-    const shared = HELD.get(this.#lockKey);
-    if (shared !== undefined) {
-      HELD.set(this.#lockKey, shared + 1);
-      this.#locked = true;
-      return;
-    }
-    const path = `${this.#dir}/lock`;
-    for (let attempt = 0; attempt < 2; attempt++) {
+    await serial(this.#lockKey, async () => {
+      const shared = HELD.get(this.#lockKey);
+      if (shared !== undefined) {
+        HELD.set(this.#lockKey, shared + 1);
+        this.#locked = true;
+        return;
+      }
+      const path = `${this.#dir}/lock`;
+      // The pid and its process's start time: a pid reused by another process (after a reboot,
+      // or a kill -9 long ago) is then not taken for the server that left the lock.
+      const mine = owner ? `${owner.pid} ${(await processStartTime(owner.pid)) ?? ""}`.trim() + "\n" : "0\n";
+      // The lock appears with its pid in it (link of a file written first): another server never
+      // reads an empty lock, which it would take for a dead one's.
+      const tmp = `${this.#dir}/lock.${randomBytes(6).toString("hex")}`;
+      await writeFile(tmp, mine, { flag: "wx" });
       try {
-        const fh = await open(path, "wx");
-        // Held from here: a tier of this process that finds the file now shares it.
-        HELD.set(this.#lockKey, 1);
-        this.#locked = true;
-        try {
-          await fh.writeFile(`${owner?.pid ?? 0}\n`);
-        } finally {
-          await fh.close();
+        for (let attempt = 0; attempt < 3; attempt++) {
+          try {
+            await link(tmp, path);
+            HELD.set(this.#lockKey, 1);
+            this.#locked = true;
+            return;
+          } catch (e) {
+            if ((e as { code?: string }).code !== "EEXIST") throw e;
+          }
+          const seen = await readFile(path, "utf8").catch(() => "");
+          const [pidText, started] = seen.trim().split(/\s+/);
+          const pid = Number(pidText);
+          const samePid = async () => started === undefined || (await processStartTime(pid)) === undefined || (await processStartTime(pid)) === started;
+          if (owner && Number.isSafeInteger(pid) && pid > 0 && pid !== owner.pid && owner.isAlive(pid) && (await samePid())) {
+            throw new CacheDirInUseError(`Cache directory ${this.#dir} is in use by process ${pid} (another rackfeed server); give each server its own --cache-dir`);
+          }
+          // Left by a server that is gone: move it aside atomically, and make sure what was moved
+          // is the lock judged stale, not one another server has just taken (then put it back).
+          const aside = `${this.#dir}/lock.stale.${randomBytes(6).toString("hex")}`;
+          try {
+            await rename(path, aside);
+          } catch (e) {
+            if ((e as { code?: string }).code === "ENOENT") continue;
+            throw e;
+          }
+          if ((await readFile(aside, "utf8").catch(() => "")) !== seen) {
+            await link(aside, path).catch(() => {});
+            await unlink(aside).catch(() => {});
+            continue;
+          }
+          await unlink(aside).catch(() => {});
         }
-        return;
-      } catch (e) {
-        if ((e as { code?: string }).code !== "EEXIST") throw e;
+        throw new CacheDirInUseError(`Cannot lock cache directory ${this.#dir}: ${path} keeps coming back`);
+      } finally {
+        await unlink(tmp).catch(() => {});
       }
-      const sharedNow = HELD.get(this.#lockKey); // another tier of this process took it meanwhile
-      if (sharedNow !== undefined) {
-        HELD.set(this.#lockKey, sharedNow + 1);
-        this.#locked = true;
-        return;
-      }
-      const pid = Number((await readFile(path, "utf8").catch(() => "")).trim());
-      if (owner && Number.isSafeInteger(pid) && pid > 0 && pid !== owner.pid && owner.isAlive(pid)) {
-        throw new CacheDirInUseError(`Cache directory ${this.#dir} is in use by process ${pid} (another rackfeed server); give each server its own --cache-dir`);
-      }
-      await unlink(path).catch(() => {}); // left by a server that is gone
-    }
-    throw new CacheDirInUseError(`Cannot lock cache directory ${this.#dir}: ${path} keeps coming back`);
+    });
   }
 
   /** Releases the directory (after `flush()`). */
   async close(): Promise<void> {
     if (!this.#locked) return;
     this.#locked = false;
-    const users = (HELD.get(this.#lockKey) ?? 1) - 1;
-    if (users > 0) {
-      HELD.set(this.#lockKey, users);
-      return;
-    }
-    HELD.delete(this.#lockKey);
-    await unlink(`${this.#dir}/lock`).catch(() => {});
+    await serial(this.#lockKey, async () => {
+      const users = (HELD.get(this.#lockKey) ?? 1) - 1;
+      if (users > 0) {
+        HELD.set(this.#lockKey, users);
+        return;
+      }
+      HELD.delete(this.#lockKey);
+      await unlink(`${this.#dir}/lock`).catch(() => {});
+    });
   }
 
   async #rebuild(): Promise<void> {

@@ -91,7 +91,10 @@ export async function prefetchCommand(args: readonly string[], host: AdminHost):
     host.printError(`rackfeed prefetch: the server answered ${res.status}: ${job.message ?? res.statusText}`);
     return res.status >= 500 ? 1 : 2;
   }
-  host.print(`prefetch ${job.id}: ${job.what} → ${job.tier} tier, ${formatBytes(job.bytesTotal)} in ${job.blocksTotal} blocks`);
+  const size = job.state === "queued" && job.blocksTotal === 0
+    ? "still planning (listing and stat'ing objects)"
+    : `${formatBytes(job.bytesTotal)} in ${job.blocksTotal} blocks`;
+  host.print(`prefetch ${job.id}: ${job.what} → ${job.tier} tier, ${size}`);
   if (!v.watch) {
     host.print(`follow it: rackfeed prefetch --server ${server} ... --watch, or GET ${server}/prefetch/${job.id}`);
     return 0;

@@ -112,7 +112,11 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   const log = (m: string, err?: unknown) => host.printError(err === undefined ? m : `${m}: ${describe(err)}`);
   // Installed before anything starts: a signal while starting (or right after "listening" is
   // printed, which is when supervisors and tests send one) must shut down cleanly, not kill.
-  const shutdown = new Promise<void>((resolve) => host.onShutdown(resolve));
+  let stopping = false;
+  const shutdown = new Promise<void>((resolve) => host.onShutdown(() => {
+    stopping = true;
+    resolve();
+  }));
   let server;
   try {
     server = await createServer(config, {
@@ -133,6 +137,14 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       return 2;
     }
     throw e;
+  }
+  if (stopping) {
+    // Signalled while starting: stop here rather than bind the port, print "listening" and then
+    // shut down. (Better still: hand createServer an AbortSignal so the NVMe index rebuild and the
+    // configured registrations stop early; today they run to the end first.)
+    host.print("rackfeed: stopped while starting");
+    await server.close(0);
+    return 0;
   }
   let listener;
   try {

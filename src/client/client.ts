@@ -136,8 +136,12 @@ const MAX_TIMING_SECONDS = 86_400;
 
 /** A fetch failure that no retry can fix: a bad URL, an untrusted certificate (undici's and Deno's causes). */
 function permanentFetchFailure(e: unknown): boolean {
+  // Only fetch's own failures (a TypeError), never ours (TruncatedBody names the path), and never
+  // the URL: Deno's cause reads "error sending request for url (http://host/v1/datasets/NAME...)",
+  // so a dataset, key or host holding "cert" would otherwise never be retried.
+  if (!(e instanceof TypeError)) return false;
   const cause = (e as { cause?: { code?: unknown; message?: unknown } })?.cause;
-  const text = `${String(cause?.code ?? "")} ${String(cause?.message ?? "")} ${String((e as Error)?.message ?? "")}`;
+  const text = `${String(cause?.code ?? "")} ${String(cause?.message ?? "")} ${String(e.message ?? "")}`.replace(/\b(?:https?|wss?):\/\/\S*/gi, "");
   return /CERT|SELF_SIGNED|ERR_TLS|InvalidCertificate|UnknownIssuer|ERR_INVALID_URL|Invalid URL|unsupported scheme/i.test(text);
 }
 
@@ -307,7 +311,7 @@ export class RackfeedClient {
     try {
       let end = c.endStep;
       if (end === undefined && this.#url !== undefined) {
-        const d = await this.describe(dataset);
+        const d = await this.#get(`/v1/datasets/${encodeURIComponent(dataset)}`, {}, signal, (res) => res.json()) as Record<string, unknown>;
         end = Math.floor(Number(d.numSamples) / (c.world * c.microBatch));
         if (!Number.isSafeInteger(end)) throw new RackfeedError(0, "BAD_RESPONSE", `Dataset "${dataset}" has no numSamples in its description`);
       }

@@ -133,6 +133,12 @@ export async function* shmBatches(
   // Aborting closes the socket: a read blocked on it returns (the caller checks its signal).
   const onAbort = () => socket.close();
   c.signal?.addEventListener("abort", onAbort, { once: true });
+  // Aborted while connecting: the listener above never fires for a signal already aborted.
+  if (c.signal?.aborted) {
+    c.signal.removeEventListener("abort", onAbort);
+    socket.close();
+    throw c.signal.reason;
+  }
   let ring: RingReader | undefined;
   try {
     const reader = new MessageReader(socket);

@@ -186,6 +186,12 @@ export class PrefetchJobs {
       }),
     ]);
     stopWaiting();
+    if (job.abort.signal.aborted) {
+      // Cancelled while it planned (DELETE, or close() at shutdown): it stays cancelled, whatever
+      // the plan did meanwhile (finished, or threw the AbortError).
+      void planned.catch(() => {});
+      return { ...job.progress };
+    }
     if (quick && "error" in quick) {
       this.#jobs.delete(id);
       throw quick.error;
@@ -310,14 +316,21 @@ export class PrefetchJobs {
         // Each object's version (the ETag or mtime in its block keys) needs a stat: many at once.
         const infos = new Array<ObjectInfo>(listed.length);
         let next = 0;
+        let failed = false; // one failed stat fails the plan: the other workers stop too
         const stat = async () => {
-          while (next < listed.length) {
+          while (next < listed.length && !failed) {
             signal.throwIfAborted();
             const i = next++;
-            infos[i] = await gw.stat(listed[i].key);
+            try {
+              infos[i] = await gw.stat(listed[i].key);
+            } catch (e) {
+              failed = true;
+              throw e;
+            }
           }
         };
         await Promise.all(Array.from({ length: Math.min(PLAN_STATS, listed.length) }, stat));
+        signal.throwIfAborted(); // cancelled during the last stats
         for (let i = 0; i < listed.length; i++) {
           const info = infos[i];
           for (let b = 0; b * blockBytes < info.size; b++) {

@@ -1,4 +1,4 @@
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -16,6 +16,9 @@ afterAll(async () => {
 });
 
 /** `rackfeed serve` arguments for a server on `cacheDir`. */
+/** The pid a lock file names (it is followed by its process's start time). */
+const lockPid = (path: string) => readFileSync(path, "utf8").trim().split(/\s+/)[0];
+
 const serveArgs = (cacheDir: string) => [...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0", "--shm-dir", "off", "--origin", `data=${ws.origin}`, "--cache-dir", cacheDir];
 
 describe("the cache directory lock", () => {
@@ -30,7 +33,7 @@ describe("the cache directory lock", () => {
       );
       expect((await fetch(`${first.url}/metrics`)).status).toBe(200);
       // The lock holds the first server's pid: the refused one neither took nor removed it.
-      expect(readFileSync(join(dir, "lock"), "utf8").trim()).toBe(String(first.proc.pid));
+      expect(lockPid(join(dir, "lock"))).toBe(String(first.proc.pid));
     } finally {
       expect(await first.stop()).toBe(0);
     }
@@ -47,11 +50,45 @@ describe("the cache directory lock", () => {
     try {
       // Answered: the server is up (and its signal handlers are in place, see `stop`).
       expect((await fetch(`${server.url}/metrics`)).status).toBe(200);
-      expect(readFileSync(join(dir, "lock"), "utf8").trim()).toBe(String(server.proc.pid));
+      expect(lockPid(join(dir, "lock"))).toBe(String(server.proc.pid));
     } finally {
       expect(await server.stop()).toBe(0);
     }
     expect(existsSync(join(dir, "lock"))).toBe(false);
+  });
+
+  it("takes over a lock whose pid now belongs to another process (its start time differs)", async () => {
+    const dir = join(ws.dir, "reused");
+    const other = spawn("sleep", ["30"]); // alive, but not the process that wrote the lock
+    try {
+      expect(isAlive(other.pid!)).toBe(true);
+      mkdirSync(dir, { recursive: true });
+      writeFileSync(join(dir, "lock"), `${other.pid} 12345@deadbeef\n`);
+      const server = await startChild(NODE, serveArgs(dir), ws.dir);
+      try {
+        expect((await fetch(`${server.url}/metrics`)).status).toBe(200);
+        expect(lockPid(join(dir, "lock"))).toBe(String(server.proc.pid));
+      } finally {
+        expect(await server.stop()).toBe(0);
+      }
+    } finally {
+      other.kill();
+    }
+  });
+
+  it("keeps one lock, shared and counted, when servers of one process open and close it concurrently", async () => {
+    const env = { pid: process.pid, isAlive };
+    const gone = spawnSync(NODE, ["-e", ""]).pid!;
+    for (let trial = 0; trial < 20; trial++) {
+      const cacheDir = join(ws.dir, `concurrent-${trial}`);
+      mkdirSync(cacheDir, { recursive: true });
+      writeFileSync(join(cacheDir, "lock"), `${gone}\n`); // stale: both race to take it over
+      const [a, b] = await Promise.all([startServer(ws, ["--cache-dir", cacheDir], env), startServer(ws, ["--cache-dir", cacheDir], env)]);
+      await a.close();
+      expect(lockPid(join(cacheDir, "lock")), `trial ${trial}`).toBe(String(process.pid)); // b still holds it
+      await b.close();
+      expect(existsSync(join(cacheDir, "lock"))).toBe(false);
+    }
   });
 
   it("is shared by servers in one process, and released when the last of them closes", async () => {
@@ -61,9 +98,9 @@ describe("the cache directory lock", () => {
       servers.push(await startServer(ws, [], env));
       servers.push(await startServer(ws, [], env));
       const lock = join(ws.cache, "lock");
-      expect(readFileSync(lock, "utf8").trim()).toBe(String(process.pid));
+      expect(lockPid(lock)).toBe(String(process.pid));
       await servers.shift()!.close();
-      expect(readFileSync(lock, "utf8").trim()).toBe(String(process.pid)); // the other still holds it
+      expect(lockPid(lock)).toBe(String(process.pid)); // the other still holds it
       await servers.shift()!.close();
       expect(existsSync(lock)).toBe(false);
     } finally {

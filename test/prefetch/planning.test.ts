@@ -65,6 +65,27 @@ describe("prefetch planning", () => {
     expect((await (await fetch(`${rf.url}/prefetch/${job.id}`, { headers: auth })).json()).state).toBe("cancelled");
   });
 
+  it("keeps a job cancelled while its short plan runs cancelled: the POST answers it so, nothing is read", async () => {
+    await ws.put("one/o.bin", patternBytes(5000, 1));
+    const origin = new SlowStatOrigin(ws.origin, 800);
+    const rf = await startServer(ws, ["--admin-token", ADMIN, "--metadata-ttl", "0"], { makeOrigin: () => origin });
+    servers.push(rf);
+    const post = fetch(`${rf.url}/prefetch`, { method: "POST", headers: auth, body: JSON.stringify({ objects: ["data/one/"] }) });
+    let jobs: { id: string }[] = [];
+    await waitFor(async () => {
+      jobs = (await (await fetch(`${rf.url}/v1/status`)).json()).prefetch;
+      return jobs.length === 1;
+    }, "the job to be listed while it plans");
+    const del = await (await fetch(`${rf.url}/prefetch/${jobs[0].id}`, { method: "DELETE", headers: auth })).json();
+    expect(del.state).toBe("cancelled");
+    const res = await post;
+    expect(res.status).toBe(202);
+    expect((await res.json()).state).toBe("cancelled");
+    await new Promise((r) => setTimeout(r, 300));
+    expect((await (await fetch(`${rf.url}/prefetch/${jobs[0].id}`, { headers: auth })).json()).state).toBe("cancelled");
+    expect(origin.reads).toBe(0);
+  });
+
   it("runs a job planned in the background to the end, with its totals filled in", async () => {
     for (let i = 0; i < 40; i++) await ws.put(`some/o${i}.bin`, patternBytes(3000, i));
     const origin = new SlowStatOrigin(ws.origin, 120);

@@ -58,7 +58,7 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     routeDoc("datasets", "Register or replace a Megatron token dataset (admin)", {
       ...ADMIN,
       requestBody: { required: true, content: { "application/json": { schema: { type: "object" } } } },
-      responses: { ...ADMIN.responses, 201: { description: "Registered; the body describes the dataset" }, ...bodyBound(MAX_REGISTRATION_BYTES) },
+      responses: { ...ADMIN.responses, 201: { description: "Registered; the body describes the dataset" }, 409: { description: "Overtaken by a later registration of the same name, which is served" }, ...bodyBound(MAX_REGISTRATION_BYTES) },
     }),
     bearerAuth({ token: deps.adminToken, required: true, role: "admin" }),
     bodyLimit({

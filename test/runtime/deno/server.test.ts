@@ -256,3 +256,14 @@ Deno.test("reuses HTTP batch bodies once Deno has completed their responses; con
     assert.ok(reused > 30, `bodies reused: ${reused}`);
   }, { whenDone: whenDoneDeno, wrapBody: denoBody });
 });
+
+Deno.test("the SDK retries a refused connection for a dataset whose name holds \"cert\" (Deno's error names the URL)", async () => {
+  const { RackfeedClient } = await import("../../../src/client/mod.ts");
+  const probe = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (probe.addr as Deno.NetAddr).port;
+  probe.close(); // nothing listens there now: every attempt is refused
+  const c = new RackfeedClient({ url: `http://127.0.0.1:${port}`, retries: 3, backoffMs: 1, maxBackoffMs: 5 });
+  const err = await c.describe("concerts").then(() => undefined, (e) => e as Error & { code?: string });
+  assert.equal(err?.code, "UNAVAILABLE");
+  assert.equal(c.retried, 3);
+});
