@@ -16,6 +16,7 @@ import {
 import { CacheServerError } from "../errors.ts";
 import { validateObjectKey } from "../origin/object-key.ts";
 import type { ObjectInfo } from "../origin/origin.ts";
+import { ConcurrencyLimiter } from "../origin/limiter.ts";
 import type { OriginGateway } from "../origin/origin-gateway.ts";
 
 /** Where one source's files live. */
@@ -55,7 +56,7 @@ export interface DatasetCatalogOptions {
    * Builds a large dataset's indexes off the event loop (a worker thread); unset: every dataset
    * is built on the calling thread.
    */
-  readonly buildOffThread?: (input: IndexBuildInput) => Promise<TokenDataset>;
+  readonly buildOffThread?: (input: IndexBuildInput, signal?: AbortSignal) => Promise<TokenDataset>;
 }
 
 /**
@@ -64,6 +65,13 @@ export interface DatasetCatalogOptions {
  * bytes + 16 × the samples asked for (a 95 MiB `.idx` and 2.4 M samples took 0.9 s here).
  */
 export const INLINE_BUILD_MAX = 1 << 20;
+
+/** Dataset builds on worker threads at once; more wait (64 at most, then 503). */
+const OFF_THREAD_BUILDS = 2;
+
+function superseded(name: string): CacheServerError {
+  return new CacheServerError("CONFLICT", `Registration of dataset "${name}" was superseded by a later one, which is served; send it again to replace that`);
+}
 
 /** After failed rebuilds, the version check backs off (doubling from `recheckMs`) up to this (ms). */
 const MAX_RECHECK_MS = 60_000;
@@ -91,6 +99,9 @@ export class DatasetCatalog {
   readonly #builds = { eventLoop: 0, worker: 0 };
   /** Registration order: each `register` call takes the next ticket; a name keeps the ticket of the registration it serves. */
   #tickets = 0;
+  /** Registrations being built, by name: a later one of the same name stops the earlier. */
+  readonly #inFlight = new Map<string, AbortController>();
+  readonly #offThreadSlots = new ConcurrencyLimiter({ concurrency: OFF_THREAD_BUILDS, maxQueue: 64, what: "dataset index builds" });
   readonly #appliedTicket = new Map<string, number>();
 
   /** @param opts origins, cache and bounds */
@@ -128,9 +139,19 @@ export class DatasetCatalog {
     const config = parseDatasetConfig(body);
     // Registrations of one name apply in the order they arrived, whatever order their builds end in.
     const ticket = ++this.#tickets;
-    const built = await this.#build(name, config);
+    // A registration in flight for this name will be overtaken by this one: its build (seconds on
+    // a worker, for a large dataset) stops now, and its request gets its 409 at once.
+    this.#inFlight.get(name)?.abort(superseded(name));
+    const ac = new AbortController();
+    this.#inFlight.set(name, ac);
+    let built: RegisteredDataset;
+    try {
+      built = await this.#build(name, config, ac.signal);
+    } finally {
+      if (this.#inFlight.get(name) === ac) this.#inFlight.delete(name);
+    }
     if ((this.#appliedTicket.get(name) ?? 0) > ticket) {
-      throw new CacheServerError("CONFLICT", `Registration of dataset "${name}" was superseded by a later one, which is served; send it again to replace that`);
+      throw superseded(name);
     }
     if (!this.#datasets.has(name) && this.#datasets.size >= this.#opts.maxDatasets) {
       // Checked again: other names may have been registered while this one was built.
@@ -211,7 +232,7 @@ export class DatasetCatalog {
     if (this.#datasets.get(name) === ds) this.#datasets.set(name, next);
   }
 
-  async #build(name: string, config: DatasetConfig): Promise<RegisteredDataset> {
+  async #build(name: string, config: DatasetConfig, signal?: AbortSignal): Promise<RegisteredDataset> {
     const t0 = this.#opts.now();
     const files = await Promise.all(config.sources.map((s, k) => this.#locate(s.prefix, k)));
     const input: IndexBuildInput = {
@@ -223,7 +244,11 @@ export class DatasetCatalog {
     const work = input.idx.reduce((n, b) => n + b.length, 0) + 16 * config.num_samples;
     const offThread = work > INLINE_BUILD_MAX ? this.#opts.buildOffThread : undefined;
     this.#builds[offThread ? "worker" : "eventLoop"]++;
-    const dataset = offThread ? await offThread(input) : buildFromIndexFiles(input);
+    signal?.throwIfAborted();
+    // At most OFF_THREAD_BUILDS at once: each holds its .idx and its arrays (~240 MiB for 10 G tokens).
+    const dataset = offThread
+      ? await this.#offThreadSlots.run(() => offThread(input, signal), { signal })
+      : buildFromIndexFiles(input);
     // Files replaced while we read them would pair an index with the wrong tokens: check that
     // both versions held for the whole build (the stat cache may answer; the block reads that
     // follow re-check the .bin version on every read anyway).

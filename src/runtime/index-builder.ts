@@ -8,7 +8,7 @@ import { type IndexBuildInput, type TokenDataset, tokenDatasetFromParts, type To
 import { CacheServerError, type ErrorCode } from "../errors.ts";
 
 /** Builds a dataset from its `.idx` bytes somewhere else than the calling thread. */
-export type IndexBuilder = (input: IndexBuildInput) => Promise<TokenDataset>;
+export type IndexBuilder = (input: IndexBuildInput, signal?: AbortSignal) => Promise<TokenDataset>;
 
 const WORKER = new URL("./index-build-worker.ts", import.meta.url);
 const NODE_BOOT = new URL("./index-build-worker-node.mjs", import.meta.url);
@@ -27,8 +27,9 @@ const NODE_BOOT = new URL("./index-build-worker-node.mjs", import.meta.url);
  * ```
  */
 export function workerIndexBuilder(runtime: "node" | "deno"): IndexBuilder {
-  return (input) =>
+  return (input, signal) =>
     new Promise<TokenDataset>((resolve, reject) => {
+      signal?.throwIfAborted();
       const worker = runtime === "node"
         ? new Worker(NODE_BOOT, { workerData: { entry: WORKER.href } })
         : new Worker(WORKER);
@@ -38,9 +39,13 @@ export function workerIndexBuilder(runtime: "node" | "deno"): IndexBuilder {
       const finish = (f: () => void) => {
         if (settled) return;
         settled = true;
+        signal?.removeEventListener("abort", onAbort);
         void worker.terminate();
         f();
       };
+      // Aborted (overtaken by a later registration): the thread ends now, its work unused.
+      const onAbort = () => finish(() => reject(signal!.reason));
+      signal?.addEventListener("abort", onAbort, { once: true });
       worker.once("message", (m: { parts?: TokenDatasetParts; error?: { code?: ErrorCode; message: string } }) =>
         finish(() => {
           if (m.parts) resolve(tokenDatasetFromParts(m.parts));

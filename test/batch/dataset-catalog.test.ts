@@ -1,7 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { buildFromIndexFiles, type IndexBuildInput } from "../../src/dataset/mod.ts";
 import { workerIndexBuilder } from "../../src/runtime/index-builder.ts";
-import { expectSameBytes, makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { expectSameBytes, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { putSyntheticDataset } from "../helpers/token-data.ts";
 
 const ADMIN = "admin-token-for-tests";
@@ -61,6 +61,26 @@ describe("dataset builds", () => {
     }
   });
 
+  it("answers 409 to an overtaken registration being built on a worker (its worker is ended), and serves the later one", async () => {
+    await putSyntheticDataset(ws, "huge", 200_000, 20, 400, 5); // a build of seconds on this box
+    await putSyntheticDataset(ws, "small", 50, 20, 400, 4);
+    const rf = await startServer(ws, ["--admin-token", ADMIN], { buildOffThread: workerIndexBuilder("node") });
+    servers.push(rf);
+    const put = (prefix: string, numSamples: number) =>
+      fetch(`${rf.url}/v1/datasets/d`, {
+        method: "PUT",
+        headers: { "content-type": "application/json", authorization: `Bearer ${ADMIN}` },
+        body: JSON.stringify({ sources: [{ prefix }], seq_length: 128, seed: 1, split: "100,0,0", split_index: 0, num_samples: numSamples }),
+      });
+    const first = put("data/huge", 4_000_000);
+    await waitFor(async () => (await builds(rf)).worker === 1, "the large build to start");
+    const second = await put("data/small", 50);
+    expect(second.status).toBe(201);
+    const overtaken = await first;
+    expect(overtaken.status).toBe(409);
+    expect((await (await fetch(`${rf.url}/v1/datasets/d`)).json()).numSamples).toBe(50);
+  });
+
   it("answers 400 naming the file for a malformed .idx built on the worker, and keeps serving", async () => {
     await putSyntheticDataset(ws, "big", 20_000, 20, 400, 3);
     const idx = await import("node:fs/promises").then((fs) => fs.readFile(`${ws.origin}/big.idx`));
@@ -86,7 +106,9 @@ describe("dataset builds", () => {
     const buildStarted = new Promise<void>((r) => (entered = r));
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));
-    const gated = async (input: IndexBuildInput) => {
+    let firstSignal: AbortSignal | undefined;
+    const gated = async (input: IndexBuildInput, signal?: AbortSignal) => {
+      firstSignal ??= signal;
       entered();
       await gate;
       return buildFromIndexFiles(input);
@@ -104,6 +126,7 @@ describe("dataset builds", () => {
     await buildStarted;
     const second = await put(1000); // small: built at once
     expect(second.status, await second.clone().text()).toBe(201);
+    expect(firstSignal?.aborted).toBe(true); // the overtaken build was told to stop
     release();
     const overtaken = await first;
     expect(overtaken.status).toBe(409);
