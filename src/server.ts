@@ -14,7 +14,7 @@ import type { Config } from "./config/load.ts";
 import { ServedBytes } from "./http/served-bytes.ts";
 import { type MetricSources, Metrics } from "./metrics/prometheus.ts";
 import { buildStatus } from "./metrics/status.ts";
-import { FsOrigin } from "./origin/fs-origin.ts";
+import { checkFsRoot, FsOrigin } from "./origin/fs-origin.ts";
 import { S3Origin } from "./origin/s3-origin.ts";
 import { OriginGateway } from "./origin/origin-gateway.ts";
 import type { Origin } from "./origin/origin.ts";
@@ -101,6 +101,12 @@ export interface ServerEnv {
  * ```
  */
 export async function createServer(config: Config, env: ServerEnv): Promise<RackfeedServer> {
+  for (const spec of config.origins) {
+    if (spec.kind !== "fs") continue;
+    await checkFsRoot(spec.root).catch((e) => {
+      throw new OriginStartupError(`Invalid --origin ${spec.name}=${spec.root}: ${(e as Error).message}`, { cause: e });
+    });
+  }
   const makeOrigin = env.makeOrigin ?? ((spec: Config["origins"][number]) => defaultOrigin(spec, config));
   const origins = new Map<string, OriginGateway>();
   for (const spec of config.origins) {
@@ -327,6 +333,14 @@ export class CacheDirStartupError extends Error {
   constructor(message: string, options?: { cause?: unknown }) {
     super(message, options);
     this.name = "CacheDirStartupError";
+  }
+}
+
+/** A files origin's root is missing, not a directory, or unreadable; the CLI exits 2. */
+export class OriginStartupError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "OriginStartupError";
   }
 }
 

@@ -5,7 +5,7 @@
 # then prints KEY=VALUE lines on stdout (progress goes to stderr) and saves them in $RGW_DIR/env:
 #   bash start-rgw.sh my-bucket >/tmp/s3.env && set -a && . /tmp/s3.env && set +a
 # Idempotent: if the gateway recorded in $RGW_DIR still answers, it is reused.
-# Env: RGW_DIR (/tmp/rgw-test) S3_PORT (7480) MON_PORT (3300) RGW_STORE (memstore|bluestore)
+# Env: RGW_DIR (/tmp/rackfeed-rgw) S3_PORT (17480) MON_PORT (13300) RGW_STORE (memstore|bluestore)
 #      S3_ACCESS_KEY S3_SECRET_KEY RGW_MEM_BYTES (memstore cap, 8 GiB)
 set -Eeuo pipefail
 

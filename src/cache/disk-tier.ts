@@ -201,7 +201,10 @@ export class DiskTier {
           const pid = Number(pidText);
           const samePid = async () => started === undefined || (await processStartTime(pid)) === undefined || (await processStartTime(pid)) === started;
           if (owner && Number.isSafeInteger(pid) && pid > 0 && pid !== owner.pid && owner.isAlive(pid) && (await samePid())) {
-            throw new CacheDirInUseError(`Cache directory ${this.#dir} is in use by process ${pid} (another rackfeed server); give each server its own --cache-dir`);
+            throw new CacheDirInUseError(
+              `Cache directory ${this.#dir} is in use by process ${pid} (another rackfeed server); give each server its own --cache-dir ` +
+                `(if no server runs as ${pid}, remove ${path}: Deno without --allow-run cannot tell a dead process from a live one)`,
+            );
           }
           // Left by a server that is gone: move it aside atomically, and make sure what was moved
           // is the lock judged stale, not one another server has just taken (then put it back).

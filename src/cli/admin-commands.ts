@@ -16,9 +16,9 @@ export interface AdminHost {
 }
 
 /** Usage of the admin commands. */
-export const ADMIN_USAGE = `  rackfeed prefetch --server URL (--objects ORIGIN/PREFIX... | --dataset NAME --steps A:B
-                    [--rank R] [--world W] [--micro-batch B]) [--tier disk|memory] [--watch]
-                    [--admin-token T]   (or RACKFEED_ADMIN_TOKEN)
+export const ADMIN_USAGE = `  rackfeed prefetch --server URL ((--objects ORIGIN/PREFIX)... | --dataset NAME --steps A:B
+                    --micro-batch B [--rank R] [--world W]) [--tier disk|memory] [--watch]
+                    [--admin-token T]   (or RACKFEED_ADMIN_TOKEN)     steps A to B-1
   rackfeed stats    --server URL [--read-token T]   hit rate per tier, tier usage, origin traffic, consumers`;
 
 class UsageError extends Error {}
@@ -88,7 +88,8 @@ export async function prefetchCommand(args: readonly string[], host: AdminHost):
   }
   const job = await res.json().catch(() => ({})) as PrefetchProgress & { message?: string };
   if (res.status !== 202) {
-    host.printError(`rackfeed prefetch: the server answered ${res.status}: ${job.message ?? res.statusText}`);
+    const hint = res.status === 401 ? " (pass --admin-token T or set RACKFEED_ADMIN_TOKEN)" : "";
+    host.printError(`rackfeed prefetch: the server answered ${res.status}: ${job.message ?? res.statusText}${hint}`);
     return res.status >= 500 ? 1 : 2;
   }
   const size = job.state === "queued" && job.blocksTotal === 0
@@ -96,7 +97,7 @@ export async function prefetchCommand(args: readonly string[], host: AdminHost):
     : `${formatBytes(job.bytesTotal)} in ${job.blocksTotal} blocks`;
   host.print(`prefetch ${job.id}: ${job.what} → ${job.tier} tier, ${size}`);
   if (!v.watch) {
-    host.print(`follow it: rackfeed prefetch --server ${server} ... --watch, or GET ${server}/prefetch/${job.id}`);
+    host.print(`follow it: GET ${server}/prefetch/${job.id} (its events: curl -N -H 'Authorization: Bearer …' ${server}/prefetch/${job.id}/events); next time add --watch`);
     return 0;
   }
   let last: PrefetchProgress | undefined;
@@ -126,7 +127,8 @@ async function watch(
   const bar = host.progressStream
     ? new cliProgress.SingleBar({
       stream: host.progressStream,
-      format: "{bar} {percentage}% | {done}/{total} | {rate}/s | ETA {eta_text} | {state}",
+      // Not {total}: cli-progress fills that name with the raw byte count itself.
+      format: "{bar} {percentage}% | {done}/{total_text} | {rate}/s | ETA {eta_text} | {state}",
       hideCursor: true,
     }, cliProgress.Presets.shades_classic)
     : undefined;
@@ -152,7 +154,7 @@ async function watch(
         const p = JSON.parse(data.slice(6)) as PrefetchProgress;
         const values = {
           done: formatBytes(p.bytesDone),
-          total: formatBytes(p.bytesTotal),
+          total_text: formatBytes(p.bytesTotal),
           rate: formatBytes(Math.round(p.rate)),
           eta_text: p.etaSeconds === null ? "?" : `${p.etaSeconds.toFixed(1)}s`,
           state: p.state,
@@ -165,7 +167,7 @@ async function watch(
             bar.update(p.bytesDone, values);
           }
         } else if (!last || p.state !== last.state) {
-          host.print(`${p.state}: ${values.done} of ${values.total}`);
+          host.print(`${p.state}: ${values.done} of ${values.total_text}`);
         }
         last = p;
       }

@@ -6,7 +6,7 @@ import { TUNABLES } from "../config/defaults.ts";
 import { DEMO_TOKEN_DATASET, ensureDemoDataset } from "../demo/demo-dataset.ts";
 import type { ClientGone, Listen, WhenDone } from "../runtime/listener.ts";
 import type { IndexBuilder } from "../runtime/index-builder.ts";
-import { CacheDirStartupError, createServer, DatasetStartupError, type ServerEnv } from "../server.ts";
+import { CacheDirStartupError, createServer, DatasetStartupError, OriginStartupError, type ServerEnv } from "../server.ts";
 
 /** What the CLI needs from the runtime it runs on (built in `runtime/deno.ts` or `runtime/node.ts`). */
 export interface CliHost {
@@ -132,7 +132,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       buildOffThread: host.buildOffThread,
     });
   } catch (e) {
-    if (e instanceof DatasetStartupError || e instanceof CacheDirStartupError) {
+    if (e instanceof DatasetStartupError || e instanceof CacheDirStartupError || e instanceof OriginStartupError) {
       host.printError(`rackfeed: ${e.message}`);
       return 2;
     }
@@ -150,7 +150,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   try {
     listener = await host.listen(server.fetch, config.listen, config.tls);
   } catch (e) {
-    host.printError(`rackfeed: cannot listen on ${config.listen.hostname}:${config.listen.port}: ${describe(e)}`);
+    host.printError(`rackfeed: cannot listen on ${config.listen.hostname}:${config.listen.port}: ${describe(e)}; pass --listen HOST:PORT (port 0 picks a free one)`);
     await server.close();
     return 1;
   }

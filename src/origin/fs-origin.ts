@@ -1,7 +1,7 @@
 /** @module An origin on a POSIX or NFS mount: positional reads, version from inode+size+mtime, never a path outside its root. */
 
 import { constants, type Stats } from "node:fs";
-import { open, opendir, realpath, stat } from "node:fs/promises";
+import { access, open, opendir, realpath, stat } from "node:fs/promises";
 import { OriginError } from "../errors.ts";
 import { type ListedObject, type ObjectInfo, type Origin, readDeadlineMs } from "./origin.ts";
 
@@ -68,7 +68,8 @@ export class FsOrigin implements Origin {
   async #resolve(key: string): Promise<string> {
     this.#realRoot ??= realpath(this.#root).catch((e) => {
       this.#realRoot = undefined;
-      throw this.#fail(e, "");
+      // The root itself is gone (an NFS mount that went away): the origin is down, not the object.
+      throw new OriginError("ORIGIN_UNAVAILABLE", `Origin "${this.name}" cannot reach its root ${this.#root}: ${(e as { code?: string }).code ?? (e as Error).message}`, { cause: e });
     });
     const root = await this.#realRoot;
     let real: string;
@@ -215,4 +216,23 @@ function infoOf(st: Stats): ObjectInfo {
   const mtimeUs = Math.round(st.mtimeMs * 1000);
   const version = `${st.ino.toString(36)}-${st.size.toString(36)}-${mtimeUs.toString(36)}`;
   return { size: st.size, version, etag: `"${version}"`, lastModified: new Date(Math.floor(st.mtimeMs)) };
+}
+
+/**
+ * Checks at start-up that a files origin's root is a directory this process can read, so a
+ * mistyped or unmounted path fails the start (exit 2) instead of every request.
+ *
+ * @throws {Error} naming the root and what is wrong with it
+ */
+export async function checkFsRoot(root: string): Promise<void> {
+  let st: Stats;
+  try {
+    st = await stat(root);
+  } catch (e) {
+    throw new Error(`${root} cannot be used: ${(e as { code?: string }).code ?? (e as Error).message} (not mounted, or a typo?)`, { cause: e });
+  }
+  if (!st.isDirectory()) throw new Error(`${root} is not a directory`);
+  await access(root, constants.R_OK | constants.X_OK).catch((e) => {
+    throw new Error(`${root} cannot be read by this process: ${(e as { code?: string }).code}`, { cause: e });
+  });
 }

@@ -62,6 +62,18 @@ describe("rackfeed command line (Node entry)", () => {
     expect(out).not.toMatch(/^\s+at /m);
   });
 
+  it("exits 2 naming --origin when a files origin's root does not exist, or is a file", async () => {
+    const missing = join(cwd, "not-mounted");
+    const gone = await runToExit(NODE, [...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0", "--shm-dir", "off", "--origin", `data=${missing}`, "--cache-dir", join(cwd, "c-missing")], cwd);
+    expect(gone.code, gone.out).toBe(2);
+    expect(gone.out).toMatch(new RegExp(`^rackfeed: Invalid --origin data=${missing}: ${missing} cannot be used: ENOENT`, "m"));
+    const file = join(cwd, "origin-is-a-file");
+    writeFileSync(file, "x");
+    const notDir = await runToExit(NODE, [...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0", "--shm-dir", "off", "--origin", `data=${file}`, "--cache-dir", join(cwd, "c-file")], cwd);
+    expect(notDir.code, notDir.out).toBe(2);
+    expect(notDir.out).toMatch(new RegExp(`^rackfeed: Invalid --origin data=${file}: ${file} is not a directory`, "m"));
+  });
+
   it("prints the table of options for --help", async () => {
     const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "--help"], cwd);
     expect(code).toBe(0);

@@ -43,3 +43,15 @@ describe("FsOrigin deadlines", () => {
     }
   });
 });
+
+describe("FsOrigin whose root goes away", () => {
+  it("answers ORIGIN_UNAVAILABLE naming its root (502), not a missing object with an empty key", async () => {
+    const root = mkdtempSync(join(tmpdir(), "rf-root-"));
+    writeFileSync(join(root, "a.bin"), "x");
+    const origin = new FsOrigin({ name: "nfs", root });
+    rmSync(root, { recursive: true, force: true }); // the mount went away before the first request
+    const err = await origin.stat("a.bin").then(() => undefined, (e) => e as Error & { code?: string });
+    expect(err?.code).toBe("ORIGIN_UNAVAILABLE");
+    expect(err?.message).toBe(`Origin "nfs" cannot reach its root ${root}: ENOENT`);
+  });
+});
