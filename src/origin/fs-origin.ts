@@ -1,7 +1,7 @@
 /** @module An origin on a POSIX or NFS mount: positional reads, version from inode+size+mtime, never a path outside its root. */
 
 import { constants, type Stats } from "node:fs";
-import { access, open, opendir, realpath, stat } from "node:fs/promises";
+import { open, opendir, realpath, stat } from "node:fs/promises";
 import { OriginError } from "../errors.ts";
 import { type ListedObject, type ObjectInfo, type Origin, readDeadlineMs } from "./origin.ts";
 
@@ -232,7 +232,10 @@ export async function checkFsRoot(root: string): Promise<void> {
     throw new Error(`${root} cannot be used: ${(e as { code?: string }).code ?? (e as Error).message} (not mounted, or a typo?)`, { cause: e });
   }
   if (!st.isDirectory()) throw new Error(`${root} is not a directory`);
-  await access(root, constants.R_OK | constants.X_OK).catch((e) => {
-    throw new Error(`${root} cannot be read by this process: ${(e as { code?: string }).code}`, { cause: e });
-  });
+  // Opened rather than access()'d: Deno's access() asks for the uid, which needs --allow-sys.
+  try {
+    await (await opendir(root)).close();
+  } catch (e) {
+    throw new Error(`${root} cannot be read by this process: ${(e as { code?: string }).code ?? (e as Error).message}`, { cause: e });
+  }
 }
