@@ -199,7 +199,12 @@ export class DiskTier {
           const seen = await readFile(path, "utf8").catch(() => "");
           const [pidText, started] = seen.trim().split(/\s+/);
           const pid = Number(pidText);
-          const samePid = async () => started === undefined || (await processStartTime(pid)) === undefined || (await processStartTime(pid)) === started;
+          // The same process, as far as /proc can tell (a start time that differs: the pid was reused).
+          const samePid = async () => {
+            if (started === undefined) return true;
+            const now = await processStartTime(pid);
+            return now === undefined || now === started;
+          };
           if (owner && Number.isSafeInteger(pid) && pid > 0 && pid !== owner.pid && owner.isAlive(pid) && (await samePid())) {
             throw new CacheDirInUseError(
               `Cache directory ${this.#dir} is in use by process ${pid} (another rackfeed server); give each server its own --cache-dir ` +

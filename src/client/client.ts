@@ -266,8 +266,8 @@ export class RackfeedClient {
   }
 
   /** A dataset's description (`GET /v1/datasets/{name}`). */
-  async describe(dataset: string): Promise<Record<string, unknown>> {
-    return await this.#get(`/v1/datasets/${encodeURIComponent(dataset)}`, {}, undefined, (res) => res.json());
+  async describe(dataset: string, opts: { signal?: AbortSignal } = {}): Promise<Record<string, unknown>> {
+    return await this.#get(`/v1/datasets/${encodeURIComponent(dataset)}`, {}, opts.signal, (res) => res.json());
   }
 
   /** Samples `[start, start + count)`. */
@@ -311,7 +311,7 @@ export class RackfeedClient {
     try {
       let end = c.endStep;
       if (end === undefined && this.#url !== undefined) {
-        const d = await this.#get(`/v1/datasets/${encodeURIComponent(dataset)}`, {}, signal, (res) => res.json()) as Record<string, unknown>;
+        const d = await this.describe(dataset, { signal });
         end = Math.floor(Number(d.numSamples) / (c.world * c.microBatch));
         if (!Number.isSafeInteger(end)) throw new RackfeedError(0, "BAD_RESPONSE", `Dataset "${dataset}" has no numSamples in its description`);
       }
