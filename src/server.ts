@@ -8,7 +8,7 @@ import { DatasetCatalog } from "./batch/dataset-catalog.ts";
 import { ReadAhead } from "./batch/read-ahead.ts";
 import { PrefetchJobs } from "./prefetch/prefetch-jobs.ts";
 import { BlockCache } from "./cache/block-cache.ts";
-import { DiskTier } from "./cache/disk-tier.ts";
+import { DiskTier, type LockFile } from "./cache/disk-tier.ts";
 import { MemoryTier } from "./cache/memory-tier.ts";
 import type { Config } from "./config/load.ts";
 import { ServedBytes } from "./http/served-bytes.ts";
@@ -72,6 +72,8 @@ export interface ServerEnv {
   readonly pid?: number;
   /** Whether a process id is running (rings of dead servers are removed at start-up). */
   readonly isAlive?: (pid: number) => boolean;
+  /** Takes the cache directory's lock from the kernel (`flock`); without it the lock goes by pid. */
+  readonly lockFile?: LockFile;
   /** Maps a file shared and writable; without it the shm path writes rings with pwrite (one more copy). */
   readonly mapFile?: MapFile;
   /** Reads shm peers' Unix credentials (SO_PEERCRED); without it every peer needs the read token. */
@@ -135,7 +137,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     maxBytes: config.diskBytes,
     maxPendingWrites: config.diskWriteQueue,
     onError: (m, e) => env.log(m, e),
-    owner: env.pid !== undefined && env.isAlive ? { pid: env.pid, isAlive: env.isAlive } : undefined,
+    owner: env.pid !== undefined && env.isAlive ? { pid: env.pid, isAlive: env.isAlive, lockFile: env.lockFile } : undefined,
   }).catch((e) => {
     throw new CacheDirStartupError(`Invalid --cache-dir ${config.cacheDir}: ${(e as Error).message}`, { cause: e });
   });

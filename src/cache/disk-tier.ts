@@ -7,7 +7,7 @@
 
 import { createHash, randomBytes } from "node:crypto";
 import { crc32 } from "node:zlib";
-import { link, mkdir, open, readdir, readFile, realpath, rename, rm, unlink, writeFile } from "node:fs/promises";
+import { link, mkdir, open, readdir, readFile, realpath, rename, rm, stat, unlink, writeFile } from "node:fs/promises";
 
 // Format 2 checks payloads with CRC-32 (zlib's, SIMD: 3–7 GB/s here) instead of format 1's
 // SHA-256 (~1.1 GB/s, on the main thread for every block written and read: 18 % of a cold
@@ -44,9 +44,27 @@ export interface DiskTierOptions {
   readonly maxPendingWrites: number;
   /** Reports unexpected I/O failures (defaults to silence; the counters still move). */
   readonly onError?: (message: string, cause: unknown) => void;
-  /** This process's id and a liveness test: a directory locked by another live process is refused. */
-  readonly owner?: { readonly pid: number; readonly isAlive: (pid: number) => boolean };
+  /**
+   * This process's id, a liveness test and, where the runtime has one, a kernel file lock: a
+   * directory locked by another live process is refused.
+   */
+  readonly owner?: { readonly pid: number; readonly isAlive: (pid: number) => boolean; readonly lockFile?: LockFile };
 }
+
+/** An exclusive advisory lock on an open file (`flock`), which the kernel drops when its process ends, however it ends. */
+export interface FileLock {
+  /** The inode of the file locked: the path may name another file by the time the lock is taken. */
+  readonly ino: number;
+  /** Closes the file, which releases the lock. */
+  release(): Promise<void>;
+}
+
+/**
+ * Opens `path` (creating it if missing) and locks it exclusively without waiting.
+ *
+ * @returns the lock, or undefined when another open file (of any process) holds it
+ */
+export type LockFile = (path: string) => Promise<FileLock | undefined>;
 
 /** The cache directory is already used by another server (each needs its own budget and files). */
 export class CacheDirInUseError extends Error {
@@ -57,10 +75,11 @@ export class CacheDirInUseError extends Error {
 }
 
 /**
- * Cache directories whose lock this process holds, and how many tiers use each. Servers in one
- * process (tests, embedding) share the lock; it is released when the last of them closes.
+ * Cache directories whose lock this process holds, how many tiers use each, and the kernel lock
+ * when one was taken. Servers in one process (tests, embedding) share the lock; it is released
+ * when the last of them closes.
  */
-const HELD = new Map<string, number>();
+const HELD = new Map<string, { users: number; readonly fileLock?: FileLock }>();
 /** Lock and release of one directory by this process's tiers, one at a time (by real path). */
 const LOCKING = new Map<string, Promise<unknown>>();
 
@@ -162,9 +181,11 @@ export class DiskTier {
   }
 
   /**
-   * Takes `<dir>/lock` (O_EXCL, holding the pid): two servers on one directory would each keep
-   * the whole budget (together twice --disk-bytes), evict each other's files and delete each
-   * other's temporary files at start-up. A lock of a process that no longer runs is taken over.
+   * Takes `<dir>/lock`: two servers on one directory would each keep the whole budget (together
+   * twice --disk-bytes), evict each other's files and delete each other's temporary files at
+   * start-up. Where the runtime can `flock`, the kernel's lock decides: it ends with its process
+   * (kill -9 included) and holds across pid namespaces, so servers in two containers sharing a
+   * directory are told apart, which pids cannot do. Elsewhere the file's pid decides (`#lockByPid`).
    */
   async #lock(owner: DiskTierOptions["owner"]): Promise<void> {
     await mkdir(this.#dir, { recursive: true });
@@ -174,7 +195,7 @@ export class DiskTier {
     await serial(this.#lockKey, async () => {
       const shared = HELD.get(this.#lockKey);
       if (shared !== undefined) {
-        HELD.set(this.#lockKey, shared + 1);
+        shared.users++;
         this.#locked = true;
         return;
       }
@@ -182,56 +203,94 @@ export class DiskTier {
       // The pid and its process's start time: a pid reused by another process (after a reboot,
       // or a kill -9 long ago) is then not taken for the server that left the lock.
       const mine = owner ? `${owner.pid} ${(await processStartTime(owner.pid)) ?? ""}`.trim() + "\n" : "0\n";
-      // The lock appears with its pid in it (link of a file written first): another server never
-      // reads an empty lock, which it would take for a dead one's.
-      const tmp = `${this.#dir}/lock.${randomBytes(6).toString("hex")}`;
-      await writeFile(tmp, mine, { flag: "wx" });
-      try {
-        for (let attempt = 0; attempt < 3; attempt++) {
-          try {
-            await link(tmp, path);
-            HELD.set(this.#lockKey, 1);
-            this.#locked = true;
-            return;
-          } catch (e) {
-            if ((e as { code?: string }).code !== "EEXIST") throw e;
-          }
-          const seen = await readFile(path, "utf8").catch(() => "");
-          const [pidText, started] = seen.trim().split(/\s+/);
-          const pid = Number(pidText);
-          // The same process, as far as /proc can tell (a start time that differs: the pid was reused).
-          const samePid = async () => {
-            if (started === undefined) return true;
-            const now = await processStartTime(pid);
-            return now === undefined || now === started;
-          };
-          if (owner && Number.isSafeInteger(pid) && pid > 0 && pid !== owner.pid && owner.isAlive(pid) && (await samePid())) {
-            throw new CacheDirInUseError(
-              `Cache directory ${this.#dir} is in use by process ${pid} (another rackfeed server); give each server its own --cache-dir ` +
-                `(if no server runs as ${pid}, remove ${path}: Deno without --allow-run cannot tell a dead process from a live one)`,
-            );
-          }
-          // Left by a server that is gone: move it aside atomically, and make sure what was moved
-          // is the lock judged stale, not one another server has just taken (then put it back).
-          const aside = `${this.#dir}/lock.stale.${randomBytes(6).toString("hex")}`;
-          try {
-            await rename(path, aside);
-          } catch (e) {
-            if ((e as { code?: string }).code === "ENOENT") continue;
-            throw e;
-          }
-          if ((await readFile(aside, "utf8").catch(() => "")) !== seen) {
-            await link(aside, path).catch(() => {});
-            await unlink(aside).catch(() => {});
-            continue;
-          }
-          await unlink(aside).catch(() => {});
-        }
-        throw new CacheDirInUseError(`Cannot lock cache directory ${this.#dir}: ${path} keeps coming back`);
-      } finally {
-        await unlink(tmp).catch(() => {});
-      }
+      const fileLock = owner?.lockFile ? await this.#lockByKernel(path, mine, owner.lockFile) : await this.#lockByPid(path, mine, owner);
+      HELD.set(this.#lockKey, { users: 1, fileLock });
+      this.#locked = true;
     });
+  }
+
+  async #lockByKernel(path: string, mine: string, lockFile: LockFile): Promise<FileLock> {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const held = await lockFile(path);
+      if (!held) {
+        // The pid only names the holder in the message (it may belong to another pid namespace).
+        const pid = (await readFile(path, "utf8").catch(() => "")).trim().split(/\s+/)[0];
+        throw new CacheDirInUseError(
+          `Cache directory ${this.#dir} is in use by ${/^[1-9]\d*$/.test(pid) ? `process ${pid}` : "another process"} (another rackfeed server, ` +
+            `on this host or in another container sharing the directory); give each server its own --cache-dir`,
+        );
+      }
+      // A server releasing the lock removes the file first and unlocks after: the file just
+      // locked may be one removed meanwhile, while a third server locks a new file at the path.
+      // Only a lock on the file the path still names counts.
+      const now = await stat(path).catch(() => undefined);
+      if (now?.ino !== held.ino) {
+        await held.release();
+        continue;
+      }
+      try {
+        await writeFile(path, mine); // who holds it, for operators and for the message above
+      } catch (e) {
+        await held.release();
+        throw e;
+      }
+      return held;
+    }
+    throw new CacheDirInUseError(`Cannot lock cache directory ${this.#dir}: ${path} keeps being replaced`);
+  }
+
+  /**
+   * The lock where the kernel's cannot be had (Node without koffi): created with O_EXCL,
+   * holding the pid and the process's start time; one whose process is gone is taken over.
+   */
+  async #lockByPid(path: string, mine: string, owner: DiskTierOptions["owner"]): Promise<undefined> {
+    // The lock appears with its pid in it (link of a file written first): another server never
+    // reads an empty lock, which it would take for a dead one's.
+    const tmp = `${this.#dir}/lock.${randomBytes(6).toString("hex")}`;
+    await writeFile(tmp, mine, { flag: "wx" });
+    try {
+      for (let attempt = 0; attempt < 3; attempt++) {
+        try {
+          await link(tmp, path);
+          return;
+        } catch (e) {
+          if ((e as { code?: string }).code !== "EEXIST") throw e;
+        }
+        const seen = await readFile(path, "utf8").catch(() => "");
+        const [pidText, started] = seen.trim().split(/\s+/);
+        const pid = Number(pidText);
+        // The same process, as far as /proc can tell (a start time that differs: the pid was reused).
+        const samePid = async () => {
+          if (started === undefined) return true;
+          const now = await processStartTime(pid);
+          return now === undefined || now === started;
+        };
+        if (owner && Number.isSafeInteger(pid) && pid > 0 && pid !== owner.pid && owner.isAlive(pid) && (await samePid())) {
+          throw new CacheDirInUseError(
+            `Cache directory ${this.#dir} is in use by process ${pid} (another rackfeed server); give each server its own --cache-dir ` +
+              `(if no server runs as ${pid}, remove ${path}: Deno without --allow-run cannot tell a dead process from a live one)`,
+          );
+        }
+        // Left by a server that is gone: move it aside atomically, and make sure what was moved
+        // is the lock judged stale, not one another server has just taken (then put it back).
+        const aside = `${this.#dir}/lock.stale.${randomBytes(6).toString("hex")}`;
+        try {
+          await rename(path, aside);
+        } catch (e) {
+          if ((e as { code?: string }).code === "ENOENT") continue;
+          throw e;
+        }
+        if ((await readFile(aside, "utf8").catch(() => "")) !== seen) {
+          await link(aside, path).catch(() => {});
+          await unlink(aside).catch(() => {});
+          continue;
+        }
+        await unlink(aside).catch(() => {});
+      }
+      throw new CacheDirInUseError(`Cannot lock cache directory ${this.#dir}: ${path} keeps coming back`);
+    } finally {
+      await unlink(tmp).catch(() => {});
+    }
   }
 
   /** Releases the directory (after `flush()`). */
@@ -239,13 +298,12 @@ export class DiskTier {
     if (!this.#locked) return;
     this.#locked = false;
     await serial(this.#lockKey, async () => {
-      const users = (HELD.get(this.#lockKey) ?? 1) - 1;
-      if (users > 0) {
-        HELD.set(this.#lockKey, users);
-        return;
-      }
+      const held = HELD.get(this.#lockKey);
+      if (held && --held.users > 0) return;
       HELD.delete(this.#lockKey);
+      // Removed while still locked, then unlocked (see `#lockByKernel`).
       await unlink(`${this.#dir}/lock`).catch(() => {});
+      await held?.fileLock?.release();
     });
   }
 

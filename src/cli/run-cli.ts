@@ -31,6 +31,8 @@ export interface CliHost {
   /** This process's id, and whether another one runs (shm rings of dead servers are removed). */
   readonly pid?: number;
   readonly isAlive?: (pid: number) => boolean;
+  /** See `ServerEnv.lockFile`: the cache directory's lock from the kernel. */
+  readonly lockFile?: ServerEnv["lockFile"];
   /** Maps a file shared and writable (FFI / koffi); without it rings are written with pwrite. */
   readonly mapFile?: (path: string, bytes: number) => { readonly bytes: Uint8Array; unmap(): void };
   /** See `ServerEnv.peers`: shm peers' Unix credentials, where the runtime can read them. */
@@ -127,6 +129,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       clientGone: host.clientGone,
       pid: host.pid,
       isAlive: host.isAlive,
+      lockFile: host.lockFile,
       mapFile: host.mapFile,
       peers: host.peers,
       buildOffThread: host.buildOffThread,

@@ -1,6 +1,7 @@
 /** @module Deno adapter: HTTP via Deno.serve, arguments, environment and signals. */
 
 import nodeProcess from "node:process";
+import type { LockFile } from "../cache/disk-tier.ts";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
 import { workerIndexBuilder } from "./index-builder.ts";
@@ -133,6 +134,7 @@ export function denoHost(): CliHost {
     clientGone: clientGoneDeno,
     pid: Deno.pid,
     isAlive,
+    lockFile: lockFileDeno,
     buildOffThread: workerIndexBuilder("deno"),
     // Getters: libc is opened only by commands that serve shm.
     get mapFile() {
@@ -160,6 +162,26 @@ function peerIdentity(): CliHost["peers"] {
   }
   return uid === null ? undefined : { of: (socket) => withFd(socket, peerCredentialsDeno), uid };
 }
+
+/** The cache directory's kernel lock on Deno: `FsFile.tryLock`, an exclusive `flock` as on Node. */
+export const lockFileDeno: LockFile = async (path) => {
+  const file = await Deno.open(path, { read: true, write: true, create: true });
+  try {
+    if (!(await file.tryLock(true))) {
+      file.close();
+      return undefined;
+    }
+    const { ino } = await file.stat();
+    return { ino: ino ?? -1, release: async () => file.close() };
+  } catch (e) {
+    try {
+      file.close();
+    } catch {
+      // already closed
+    }
+    throw e;
+  }
+};
 
 /** Whether a process id is running (signal 0 probes without signalling). */
 export function isAlive(pid: number): boolean {

@@ -1,10 +1,11 @@
 /**
  * @module libc on Node, called with koffi (Node has no FFI of its own), for the shm path as
  * `libc-deno.ts` does on Deno: memory-mapped ring files (the server maps a ring read-write and
- * assembles batches straight into its slots; the SDK maps it read-only) and the Unix
- * credentials of a socket's peer (SO_PEERCRED). When koffi or glibc is missing (another OS, a
- * platform without koffi's prebuilt binary) the loaders return undefined and callers fall back
- * to positional reads and writes, and to the read token.
+ * assembles batches straight into its slots; the SDK maps it read-only), the Unix
+ * credentials of a socket's peer (SO_PEERCRED), and `flock` for the cache directory's lock.
+ * When koffi or glibc is missing (another OS, a platform without koffi's prebuilt binary) the
+ * loaders return undefined and callers fall back to positional reads and writes, to the read
+ * token, and to a lock by pid.
  */
 
 import * as fs from "node:fs";
@@ -68,6 +69,38 @@ export function loadNodePeerCredentials(): ((fd: number) => PeerCredentials | un
     }
   }
   return loadedPeer ?? undefined;
+}
+
+let loadedFlock: ((fd: number) => boolean) | null | undefined;
+
+/**
+ * Binds `flock(LOCK_EX | LOCK_NB)` once.
+ *
+ * @returns a function that locks an open descriptor's file exclusively without waiting (true),
+ * or says another open file holds it (false); undefined where it cannot be bound
+ */
+export function loadNodeFlock(): ((fd: number) => boolean) | undefined {
+  if (loadedFlock === undefined) {
+    try {
+      const { koffi, libc: lib } = libc();
+      const flock = lib.func("int flock(int fd, int operation)");
+      const LOCK_EX = 2;
+      const LOCK_NB = 4;
+      const EWOULDBLOCK = 11;
+      const EINTR = 4;
+      loadedFlock = (fd) => {
+        for (;;) {
+          if (flock(fd, LOCK_EX | LOCK_NB) === 0) return true;
+          const errno = koffi.errno();
+          if (errno === EWOULDBLOCK) return false;
+          if (errno !== EINTR) throw new Error(`flock failed with errno ${errno}`);
+        }
+      };
+    } catch {
+      loadedFlock = null;
+    }
+  }
+  return loadedFlock ?? undefined;
 }
 
 function bind(): NodeMapFile {

@@ -5,11 +5,13 @@ import * as http from "node:http";
 import * as http2 from "node:http2";
 import type { Http2Session } from "node:http2";
 import * as net from "node:net";
+import * as fs from "node:fs";
 import { readFileSync } from "node:fs";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
 import { workerIndexBuilder } from "./index-builder.ts";
-import { loadNodeMapping, loadNodePeerCredentials } from "./libc-node.ts";
+import { loadNodeFlock, loadNodeMapping, loadNodePeerCredentials } from "./libc-node.ts";
+import type { LockFile } from "../cache/disk-tier.ts";
 import { withFd } from "./socket-fd.ts";
 
 /**
@@ -214,6 +216,9 @@ export function nodeHost(): CliHost {
     progressStream: process.stderr.isTTY ? process.stderr : undefined,
     pid: process.pid,
     isAlive,
+    get lockFile() {
+      return nodeFileLock();
+    },
     buildOffThread: workerIndexBuilder("node"),
     // Getters: koffi (a native addon, ~20 ms to load) is loaded only by commands that serve shm.
     get mapFile() {
@@ -225,6 +230,32 @@ export function nodeHost(): CliHost {
       // SO_PEERCRED gives the peer's effective uid: compare with ours.
       return peer && process.geteuid ? { of: (socket: net.Socket) => withFd(socket, peer), uid: process.geteuid() } : undefined;
     },
+  };
+}
+
+/**
+ * The cache directory's kernel lock on Node: `flock` through koffi.
+ *
+ * @returns the locker, or undefined where koffi cannot bind `flock` (the lock then goes by pid)
+ */
+export function nodeFileLock(): LockFile | undefined {
+  const tryLock = loadNodeFlock();
+  if (!tryLock) return undefined;
+  return async (path) => {
+    const file = await fs.promises.open(path, fs.constants.O_RDWR | fs.constants.O_CREAT, 0o644);
+    try {
+      if (!tryLock(file.fd)) {
+        await file.close();
+        return undefined;
+      }
+      const { ino } = await file.stat();
+      // The handle stays referenced by the cache's lock table until released: Node closes a
+      // collected FileHandle by itself, which would drop the lock.
+      return { ino, release: () => file.close() };
+    } catch (e) {
+      await file.close().catch(() => {});
+      throw e;
+    }
   };
 }
 

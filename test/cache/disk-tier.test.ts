@@ -1,9 +1,10 @@
-import { existsSync, readdirSync, statSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { DiskTier } from "../../src/cache/disk-tier.ts";
+import { DiskTier, type LockFile } from "../../src/cache/disk-tier.ts";
+import { nodeFileLock } from "../../src/runtime/node.ts";
 import { expectSameBytes } from "../helpers/rackfeed.ts";
 
 /** While set, opening a block file for reading fails with this code (as under descriptor pressure). */
@@ -81,5 +82,39 @@ describe("DiskTier read errors", () => {
     expect(tier.stats()).toMatchObject({ bytes: 0, blocks: 0 });
     expect(errors).toEqual([]);
     await tier.close();
+  });
+});
+
+describe("DiskTier directory lock", () => {
+  it("holds the lock only on the file its path still names: one taken on a file replaced meanwhile is let go and taken again", async () => {
+    dir = await mkdtemp(join(tmpdir(), "rackfeed-disk-"));
+    const lockPath = join(dir, "lock");
+    const real = nodeFileLock()!;
+    expect(real).toBeDefined();
+    const released: number[] = [];
+    let calls = 0;
+    // The first lock lands on a file that another server's release removes right after (as when
+    // a server stops while this one opens the lock), and a third server's new file takes the path.
+    const lockFile: LockFile = async (path) => {
+      const lock = await real(path);
+      if (lock && calls++ === 0) {
+        renameSync(path, `${path}.gone`);
+        writeFileSync(path, "");
+      }
+      return lock && { ino: lock.ino, release: () => (released.push(lock.ino), lock.release()) };
+    };
+    const tier = await DiskTier.open({ dir, maxBytes: 4 * MiB, maxPendingWrites: 8, owner: { pid: process.pid, isAlive: () => true, lockFile } });
+    try {
+      expect(calls).toBe(2);
+      expect(released).toHaveLength(1); // the lock on the replaced file
+      expect(released[0]).toBe(statSync(`${lockPath}.gone`).ino);
+      expect(readFileSync(lockPath, "utf8")).toMatch(new RegExp(`^${process.pid} `));
+      // The path's file is the one locked now: another open of it is refused.
+      expect(await real(lockPath)).toBeUndefined();
+    } finally {
+      await tier.close();
+    }
+    expect(existsSync(lockPath)).toBe(false);
+    expect(released).toHaveLength(2);
   });
 });

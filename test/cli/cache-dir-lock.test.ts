@@ -2,9 +2,9 @@ import { spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { isAlive } from "../../src/runtime/node.ts";
+import { isAlive, nodeFileLock } from "../../src/runtime/node.ts";
 import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
-import { NODE, NODE_TS, ROOT, runToExit, startChild } from "../helpers/spawn.ts";
+import { DENO, NODE, NODE_TS, ROOT, runToExit, startChild } from "../helpers/spawn.ts";
 
 const entry = `${ROOT}src/main.node.ts`;
 let ws: Workspace;
@@ -20,6 +20,19 @@ afterAll(async () => {
 const lockPid = (path: string) => readFileSync(path, "utf8").trim().split(/\s+/)[0];
 
 const serveArgs = (cacheDir: string) => [...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0", "--shm-dir", "off", "--origin", `data=${ws.origin}`, "--cache-dir", cacheDir];
+/** The same on Deno, with the Docker image's permissions (no --allow-run, no --allow-ffi). */
+const denoServeArgs = (cacheDir: string) => [
+  "run", "--allow-net", "--allow-read", "--allow-write", "--allow-env", "--allow-sys", `${ROOT}src/main.ts`,
+  ...serveArgs(cacheDir).slice(NODE_TS.length + 1),
+];
+
+/** What a lock file written by this very process would say: its pid, start time and boot (see `processStartTime`). */
+function ownLockLine(): string {
+  const stat = readFileSync("/proc/self/stat", "utf8");
+  const start = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
+  const boot = readFileSync("/proc/sys/kernel/random/boot_id", "utf8").trim().slice(0, 8);
+  return `${process.pid} ${start}@${boot}\n`;
+}
 
 describe("the cache directory lock", () => {
   it("refuses a second server process on the same --cache-dir (exit 2, naming the first's pid) and lets the first go on serving", async () => {
@@ -29,7 +42,7 @@ describe("the cache directory lock", () => {
       const second = await runToExit(NODE, serveArgs(dir), ws.dir, 20_000); // one that starts instead is killed then
       expect(second.code, second.out).toBe(2);
       expect(second.out).toMatch(
-        new RegExp(`^rackfeed: Invalid --cache-dir ${dir}: Cache directory ${dir} is in use by process ${first.proc.pid} \\(another rackfeed server\\)`, "m"),
+        new RegExp(`^rackfeed: Invalid --cache-dir ${dir}: Cache directory ${dir} is in use by process ${first.proc.pid} \\(another rackfeed server,`, "m"),
       );
       expect((await fetch(`${first.url}/metrics`)).status).toBe(200);
       // The lock holds the first server's pid: the refused one neither took nor removed it.
@@ -39,6 +52,62 @@ describe("the cache directory lock", () => {
     }
     expect(existsSync(join(dir, "lock"))).toBe(false); // released at shutdown
   }, 60_000);
+
+  it("refuses a directory a live server holds even when its lock file names a pid that means nothing here (a server in another container)", async () => {
+    const dir = join(ws.dir, "other-namespace");
+    const first = await startChild(NODE, serveArgs(dir), ws.dir);
+    try {
+      // Pid 1 runs here, but under another start time: as a server in another pid namespace
+      // (another container on the same directory) would have written it.
+      writeFileSync(join(dir, "lock"), "1 999@deadbeef\n");
+      const second = await runToExit(NODE, serveArgs(dir), ws.dir, 20_000);
+      expect(second.code, second.out).toBe(2);
+      expect(second.out).toMatch(new RegExp(`Cache directory ${dir} is in use by process 1 \\(another rackfeed server, on this host or in another container`));
+      expect((await fetch(`${first.url}/metrics`)).status).toBe(200);
+    } finally {
+      expect(await first.stop()).toBe(0);
+    }
+  }, 60_000);
+
+  it("frees the directory of a server killed with SIGKILL at once, whatever its lock file still says", async () => {
+    const dir = join(ws.dir, "killed");
+    const first = await startChild(NODE, serveArgs(dir), ws.dir);
+    first.proc.kill("SIGKILL");
+    await new Promise((r) => first.proc.once("exit", r));
+    expect(lockPid(join(dir, "lock"))).toBe(String(first.proc.pid)); // left behind
+    // Even a line naming a live process with its true start time (this test's: as a pid reused
+    // in another container could) does not hold the directory: the kernel's lock went with its process.
+    writeFileSync(join(dir, "lock"), ownLockLine());
+    const second = await startChild(NODE, serveArgs(dir), ws.dir);
+    try {
+      expect((await fetch(`${second.url}/metrics`)).status).toBe(200);
+      expect(lockPid(join(dir, "lock"))).toBe(String(second.proc.pid));
+    } finally {
+      expect(await second.stop()).toBe(0);
+    }
+    expect(existsSync(join(dir, "lock"))).toBe(false);
+  }, 60_000);
+
+  it("is one lock across runtimes: a Deno server (no --allow-run) is refused a directory a Node server holds, and takes it once that one stopped", async () => {
+    const dir = join(ws.dir, "cross-runtime");
+    const node = await startChild(NODE, serveArgs(dir), ws.dir);
+    try {
+      const refused = await runToExit(DENO, denoServeArgs(dir), ws.dir, 30_000);
+      expect(refused.code, refused.out).toBe(2);
+      expect(refused.out).toContain(`is in use by process ${node.proc.pid} (another rackfeed server,`);
+    } finally {
+      expect(await node.stop()).toBe(0);
+    }
+    const deno = await startChild(DENO, denoServeArgs(dir), ws.dir);
+    try {
+      expect((await fetch(`${deno.url}/metrics`)).status).toBe(200);
+      const again = await runToExit(NODE, serveArgs(dir), ws.dir, 20_000);
+      expect(again.code, again.out).toBe(2);
+      expect(again.out).toContain(`is in use by process ${deno.proc.pid} (another rackfeed server,`);
+    } finally {
+      expect(await deno.stop()).toBe(0);
+    }
+  }, 90_000);
 
   it("takes over a lock left by a process that is gone, and releases it at shutdown", async () => {
     const dir = join(ws.dir, "stale");
@@ -76,11 +145,15 @@ describe("the cache directory lock", () => {
     }
   });
 
-  it("keeps one lock, shared and counted, when servers of one process open and close it concurrently", async () => {
-    const env = { pid: process.pid, isAlive };
+  it.each([
+    ["the kernel's lock", nodeFileLock()],
+    ["the lock by pid (no flock)", undefined],
+  ])("keeps one lock, shared and counted, when servers of one process open and close it concurrently (%s)", async (mode, lockFile) => {
+    if (mode === "the kernel's lock") expect(lockFile).toBeDefined(); // koffi binds flock on this platform
+    const env = { pid: process.pid, isAlive, lockFile };
     const gone = spawnSync(NODE, ["-e", ""]).pid!;
     for (let trial = 0; trial < 20; trial++) {
-      const cacheDir = join(ws.dir, `concurrent-${trial}`);
+      const cacheDir = join(ws.dir, `concurrent-${lockFile ? "flock" : "pid"}-${trial}`);
       mkdirSync(cacheDir, { recursive: true });
       writeFileSync(join(cacheDir, "lock"), `${gone}\n`); // stale: both race to take it over
       const [a, b] = await Promise.all([startServer(ws, ["--cache-dir", cacheDir], env), startServer(ws, ["--cache-dir", cacheDir], env)]);
