@@ -17,7 +17,20 @@ export interface FsOriginOptions {
    * ever. Unset: no deadline.
    */
   readonly timeoutMs?: number;
+  /**
+   * While a call is hung (past its deadline and not returned), new calls are refused once this
+   * many are unreturned (default `HUNG_CALLS_MAX`).
+   */
+  readonly maxHungCalls?: number;
 }
+
+/**
+ * Unreturned file calls a hung origin may keep. A file call cannot be cancelled, and on Node each
+ * one holds a thread of libuv's pool (`bin/rackfeed` starts 64) until it returns: without a
+ * bound, a hard-mounted NFS share that stops answering would take every thread, one timed-out
+ * read after another, and with them the NVMe tier's reads and every other origin.
+ */
+export const HUNG_CALLS_MAX = 8;
 
 /**
  * Serves files under one directory. Keys must already be validated (`origin/object-key.ts`);
@@ -34,7 +47,11 @@ export class FsOrigin implements Origin {
   readonly name: string;
   readonly #root: string;
   readonly #timeoutMs: number | undefined;
+  readonly #maxHung: number;
   #realRoot: Promise<string> | undefined;
+  /** File calls started and not returned, and how many of them are past their deadline. */
+  #unreturned = 0;
+  #hung = 0;
 
   /**
    * @param opts name and absolute root
@@ -47,22 +64,46 @@ export class FsOrigin implements Origin {
     this.name = opts.name;
     this.#root = opts.root.replace(/\/+$/, "") || "/";
     this.#timeoutMs = opts.timeoutMs;
+    this.#maxHung = opts.maxHungCalls ?? HUNG_CALLS_MAX;
+    if (!Number.isSafeInteger(this.#maxHung) || this.#maxHung < 1) {
+      throw new RangeError(`Cannot create FsOrigin "${opts.name}": maxHungCalls must be an integer >= 1, received ${opts.maxHungCalls}`);
+    }
   }
 
   /**
-   * `op` under the deadline, if any. A file call cannot be cancelled: past the deadline its
+   * `call()` under the deadline, if any. A file call cannot be cancelled: past the deadline its
    * caller gets `ORIGIN_TIMEOUT` and the call is left to finish (or not) on its own; what it
-   * writes then goes into a buffer its failed fill has already dropped.
+   * writes then goes into a buffer its failed fill has already dropped. While such a call is
+   * hung, at most `maxHungCalls` may be unreturned: the rest are refused before they start.
    */
-  #deadline<T>(op: Promise<T>, bytes: number, what: string): Promise<T> {
-    if (this.#timeoutMs === undefined) return op;
-    const ms = readDeadlineMs(this.#timeoutMs, bytes);
+  #deadline<T>(call: () => Promise<T>, bytes: number, what: string, timeouts = 1): Promise<T> {
+    if (this.#timeoutMs === undefined) return call();
+    if (this.#hung > 0 && this.#unreturned >= this.#maxHung) {
+      return Promise.reject(
+        new OriginError(
+          "ORIGIN_UNAVAILABLE",
+          `Origin "${this.name}" has ${this.#hung} file calls under ${this.#root} hung past their deadline (a hung file system?); ` +
+            `${what} is refused until they return`,
+        ),
+      );
+    }
+    const ms = readDeadlineMs(this.#timeoutMs * timeouts, bytes);
     let timer: ReturnType<typeof setTimeout> | undefined;
-    const late = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new OriginError("ORIGIN_TIMEOUT", `Origin "${this.name}" did not finish ${what} within ${ms} ms (a hung file system?)`)), ms);
+    let late = false;
+    this.#unreturned++;
+    const op = call().finally(() => {
+      this.#unreturned--;
+      if (late) this.#hung--;
+    });
+    const deadline = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        late = true;
+        this.#hung++;
+        reject(new OriginError("ORIGIN_TIMEOUT", `Origin "${this.name}" did not finish ${what} within ${ms} ms (a hung file system?)`));
+      }, ms);
     });
     op.catch(() => {}); // a call that fails after its deadline has nobody left to tell
-    return Promise.race([op, late]).finally(() => clearTimeout(timer));
+    return Promise.race([op, deadline]).finally(() => clearTimeout(timer));
   }
 
   async #resolve(key: string): Promise<string> {
@@ -87,11 +128,11 @@ export class FsOrigin implements Origin {
   }
 
   stat(key: string): Promise<ObjectInfo> {
-    return this.#deadline(this.#stat(key), 0, `stat of "${key}"`);
+    return this.#deadline(() => this.#stat(key), 0, `stat of "${key}"`);
   }
 
   read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
-    return this.#deadline(this.#read(key, info, offset, dest), dest.length, `reading "${key}" bytes ${offset}-${offset + dest.length - 1}`);
+    return this.#deadline(() => this.#read(key, info, offset, dest), dest.length, `reading "${key}" bytes ${offset}-${offset + dest.length - 1}`);
   }
 
   async #stat(key: string): Promise<ObjectInfo> {
@@ -151,7 +192,12 @@ export class FsOrigin implements Origin {
     }
   }
 
-  async list(prefix: string, limit: number): Promise<ListedObject[]> {
+  list(prefix: string, limit: number): Promise<ListedObject[]> {
+    // A listing's stats are many calls: its deadline is one origin timeout per 1000 entries asked for.
+    return this.#deadline(() => this.#list(prefix, limit), 0, `listing "${prefix}"`, Math.ceil(limit / 1000));
+  }
+
+  async #list(prefix: string, limit: number): Promise<ListedObject[]> {
     // Walk only the directory that holds the prefix; the rest of the tree cannot match.
     const slash = prefix.lastIndexOf("/");
     const dirKey = slash < 0 ? "" : prefix.slice(0, slash);

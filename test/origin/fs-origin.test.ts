@@ -33,6 +33,41 @@ describe("FsOrigin deadlines", () => {
     }
   });
 
+  it("refuses new calls at once while hung calls fill its bound, and takes them again once those return", async () => {
+    const fifos = ["hung-a", "hung-b", "hung-c"].map((n) => join(dir, n));
+    for (const f of fifos) execFileSync("mkfifo", [f]);
+    writeFileSync(join(dir, "fine.bin"), Buffer.alloc(100, 1));
+    const origin = new FsOrigin({ name: "data", root: dir, timeoutMs: 100, maxHungCalls: 2 });
+    const info: ObjectInfo = { size: 10, version: "v", etag: '"v"', lastModified: new Date(0) };
+    const release = (f: string) => closeSync(openSync(f, constants.O_WRONLY | constants.O_NONBLOCK));
+    try {
+      for (const f of fifos.slice(0, 2)) {
+        await expect(origin.read(f.slice(dir.length + 1), info, 0, new Uint8Array(10))).rejects.toMatchObject({ code: "ORIGIN_TIMEOUT" });
+      }
+      await expect(origin.read("hung-c", info, 0, new Uint8Array(10))).rejects.toMatchObject({
+        code: "ORIGIN_UNAVAILABLE",
+        message: expect.stringMatching(/^Origin "data" has 2 file calls under .* hung past their deadline \(a hung file system\?\); reading "hung-c" bytes 0-9 is refused until they return$/),
+      });
+      expect(() => release(fifos[2])).toThrow(/ENXIO/); // refused before it started: nobody is blocked on it
+      await expect(origin.stat("fine.bin")).rejects.toMatchObject({ code: "ORIGIN_UNAVAILABLE" });
+      release(fifos[0]); // one hung call returns: room for one more
+      let info2: ObjectInfo | undefined;
+      for (const until = performance.now() + 5000; !info2 && performance.now() < until;) {
+        info2 = await origin.stat("fine.bin").catch(() => undefined);
+        if (!info2) await new Promise((r) => setTimeout(r, 20));
+      }
+      expect(info2?.size).toBe(100);
+    } finally {
+      for (const f of fifos) {
+        try {
+          release(f);
+        } catch {
+          // nobody blocked on it
+        }
+      }
+    }
+  });
+
   it("reads and stats normally under the deadline, and has none when not given one", async () => {
     writeFileSync(join(dir, "ok.bin"), Buffer.alloc(4096, 7));
     for (const origin of [new FsOrigin({ name: "data", root: dir, timeoutMs: 200 }), new FsOrigin({ name: "data", root: dir })]) {
