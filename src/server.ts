@@ -137,6 +137,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     maxBytes: config.diskBytes,
     maxPendingWrites: config.diskWriteQueue,
     onError: (m, e) => env.log(m, e),
+    now: env.now,
     owner: env.pid !== undefined && env.isAlive ? { pid: env.pid, isAlive: env.isAlive, lockFile: env.lockFile } : undefined,
   }).catch((e) => {
     throw new CacheDirStartupError(`Invalid --cache-dir ${config.cacheDir}: ${(e as Error).message}`, { cause: e });

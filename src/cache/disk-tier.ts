@@ -7,7 +7,7 @@
 
 import { createHash, randomBytes } from "node:crypto";
 import { crc32 } from "node:zlib";
-import { link, mkdir, open, readdir, readFile, realpath, rename, rm, stat, unlink, writeFile } from "node:fs/promises";
+import { link, mkdir, open, readdir, readFile, realpath, rename, rm, stat, statfs, unlink, writeFile } from "node:fs/promises";
 
 // Format 2 checks payloads with CRC-32 (zlib's, SIMD: 3–7 GB/s here) instead of format 1's
 // SHA-256 (~1.1 GB/s, on the main thread for every block written and read: 18 % of a cold
@@ -23,6 +23,7 @@ const MAX_HEADER = FIXED_HEADER + 4096;
 export interface DiskTierStats {
   readonly bytes: number;
   readonly blocks: number;
+  /** The budget in force: `maxBytes` as configured, or less while the file system cannot hold that much. */
   readonly maxBytes: number;
   readonly evictions: number;
   readonly writes: number;
@@ -44,6 +45,8 @@ export interface DiskTierOptions {
   readonly maxPendingWrites: number;
   /** Reports unexpected I/O failures (defaults to silence; the counters still move). */
   readonly onError?: (message: string, cause: unknown) => void;
+  /** Monotonic clock in ms (default `performance.now`): paces re-checks of a full disk and repeated error reports. */
+  readonly now?: () => number;
   /**
    * This process's id, a liveness test and, where the runtime has one, a kernel file lock: a
    * directory locked by another live process is refused.
@@ -106,6 +109,11 @@ async function processStartTime(pid: number): Promise<string | undefined> {
   }
 }
 
+/** How often a budget cut for want of room is checked against the file system again, and how often a repeated write error is reported. */
+const RECHECK_MS = 60_000;
+/** Space left free for the file system's other users (logs, temporary files): 2 % of it, at most this. */
+const HEADROOM_MAX = 256 * 2 ** 20;
+
 /** Block-file headers read at once while the index is rebuilt at start-up. */
 const REBUILD_READS = 32;
 
@@ -131,9 +139,17 @@ export class DiskTier {
   #locked = false;
   /** The directory's real path: the key of its lock among this process's tiers. */
   #lockKey = "";
-  readonly #maxBytes: number;
+  /** `--disk-bytes`, and the budget in force (less while the file system has no room for it, see `#fitToDisk`). */
+  readonly #configuredBytes: number;
+  #maxBytes: number;
   readonly #maxPending: number;
   readonly #onError: (message: string, cause: unknown) => void;
+  readonly #now: () => number;
+  #fitting: Promise<void> | undefined;
+  #fitCheckedAt = -Infinity;
+  /** When a write error was last reported, and how many went unreported since. */
+  #errorReportedAt = -Infinity;
+  #errorsUnreported = 0;
   /** Map order is recency order: first entry is the least recently used. */
   readonly #index = new Map<string, Entry>();
   readonly #pending = new Map<string, Promise<void>>();
@@ -147,9 +163,10 @@ export class DiskTier {
 
   private constructor(opts: DiskTierOptions) {
     this.#dir = opts.dir.replace(/\/+$/, "");
-    this.#maxBytes = opts.maxBytes;
+    this.#maxBytes = this.#configuredBytes = opts.maxBytes;
     this.#maxPending = opts.maxPendingWrites;
     this.#onError = opts.onError ?? (() => {});
+    this.#now = opts.now ?? (() => performance.now());
   }
 
   /**
@@ -173,6 +190,7 @@ export class DiskTier {
     await tier.#lock(opts.owner);
     try {
       await tier.#rebuild();
+      await tier.#fitToDisk();
     } catch (e) {
       await tier.close();
       throw e;
@@ -409,6 +427,7 @@ export class DiskTier {
    */
   write(key: string, payload: Uint8Array): boolean {
     if (this.#index.has(key) || this.#pending.has(key)) return false;
+    this.#recheckRoom();
     const keyBytes = new TextEncoder().encode(key);
     const fileBytes = FIXED_HEADER + keyBytes.length + payload.length;
     if (fileBytes > this.#maxBytes || this.#pending.size >= this.#maxPending || keyBytes.length > 4096) {
@@ -426,6 +445,7 @@ export class DiskTier {
    * @returns true once the block file is in place (also when it already was)
    */
   async writeAndWait(key: string, payload: Uint8Array): Promise<boolean> {
+    this.#recheckRoom();
     for (;;) {
       if (this.#index.has(key)) return true;
       const pending = this.#pending.get(key);
@@ -464,7 +484,8 @@ export class DiskTier {
         // fail its check on every read, so it is refused here as the write error it is.
         const { bytesWritten } = await fh.writev([header, payload]);
         if (bytesWritten !== header.length + payload.length) {
-          throw new Error(`Short write: ${bytesWritten} of ${header.length + payload.length} bytes`);
+          // Only a full file system stops a write to a regular file short.
+          throw Object.assign(new Error(`Short write: ${bytesWritten} of ${header.length + payload.length} bytes`), { code: "ENOSPC" });
         }
       } finally {
         await fh.close();
@@ -477,12 +498,80 @@ export class DiskTier {
       this.#writes++;
     } catch (e) {
       this.#writeErrors++;
-      this.#onError(`Cannot write block file ${path}`, e);
       await unlink(tmp).catch(() => {});
+      if ((e as { code?: string }).code === "ENOSPC") {
+        // The file system holds less than the budget (a smaller disk, or others filled it): the
+        // budget comes down to what fits, so the tier goes on as an LRU of that size instead of
+        // failing every write while it keeps its oldest blocks for ever.
+        await this.#fitToDisk(true);
+      } else {
+        this.#reportWriteError(path, e);
+      }
     } finally {
       this.#reserved -= fileBytes;
     }
     await this.#evictUntil(0);
+  }
+
+  /** A failing disk fails every write: the first is reported, then one a minute with the count. */
+  #reportWriteError(path: string, e: unknown): void {
+    const now = this.#now();
+    if (now - this.#errorReportedAt < RECHECK_MS) {
+      this.#errorsUnreported++;
+      return;
+    }
+    const more = this.#errorsUnreported > 0 ? ` (and ${this.#errorsUnreported} more write errors since the last report)` : "";
+    this.#errorReportedAt = now;
+    this.#errorsUnreported = 0;
+    this.#onError(`Cannot write block file ${path}${more}`, e);
+  }
+
+  /** While the budget is cut, looks again (at most once a minute) whether the file system has room for more. */
+  #recheckRoom(): void {
+    if (this.#maxBytes < this.#configuredBytes && this.#now() - this.#fitCheckedAt >= RECHECK_MS) void this.#fitToDisk();
+  }
+
+  /**
+   * Sets the budget to what the file system can hold: the block files we have plus its free
+   * space, less headroom for its other users, and never more than configured. Where the file
+   * system cannot be asked (Deno without --allow-sys), a full disk keeps the budget at the
+   * bytes held. One check at a time; a change is reported.
+   *
+   * @param full a write has just found the file system full
+   */
+  #fitToDisk(full = false): Promise<void> {
+    this.#fitting ??= (async () => {
+      this.#fitCheckedAt = this.#now();
+      const fs = await statfs(this.#dir).catch(() => undefined);
+      let room: number;
+      if (fs) {
+        const headroom = Math.min(HEADROOM_MAX, Math.floor(fs.blocks * fs.bsize * 0.02));
+        room = Math.max(0, this.#bytes + fs.bavail * fs.bsize - headroom);
+      } else {
+        room = full ? this.#bytes : this.#configuredBytes;
+      }
+      // A write that found the disk full must not be tried again at the same size.
+      if (full) room = Math.min(room, this.#bytes);
+      const budget = Math.min(this.#configuredBytes, room);
+      const before = this.#maxBytes;
+      this.#maxBytes = budget;
+      if (budget < before) {
+        this.#onError(
+          `NVMe tier: the file system under ${this.#dir} has room for ${mib(room)} of block files, less than --disk-bytes ` +
+            `${mib(this.#configuredBytes)}; the tier keeps at most ${mib(budget)} (looked at again every minute)`,
+          undefined,
+        );
+      } else if (budget > before) {
+        this.#onError(
+          budget === this.#configuredBytes
+            ? `NVMe tier: the file system under ${this.#dir} has room for --disk-bytes ${mib(budget)} again`
+            : `NVMe tier: the file system under ${this.#dir} has more room; the tier keeps at most ${mib(budget)} (--disk-bytes ${mib(this.#configuredBytes)})`,
+          undefined,
+        );
+      }
+      await this.#evictUntil(0);
+    })().finally(() => (this.#fitting = undefined));
+    return this.#fitting;
   }
 
   async #evictUntil(extra: number): Promise<void> {
@@ -529,6 +618,11 @@ export class DiskTier {
   files(): string[] {
     return [...this.#index.values()].map((e) => e.path);
   }
+}
+
+/** Bytes as MiB for messages. */
+function mib(bytes: number): string {
+  return `${(bytes / 2 ** 20).toFixed(1)} MiB`;
 }
 
 function encodeHeader(keyBytes: Uint8Array, payload: Uint8Array): Uint8Array {

@@ -9,11 +9,16 @@ import { expectSameBytes } from "../helpers/rackfeed.ts";
 
 /** While set, opening a block file for reading fails with this code (as under descriptor pressure). */
 let failBlockOpens: string | undefined;
+/** While set, creating a block's temporary file fails with this code (a failing disk). */
+let failTmpOpens: string | undefined;
 vi.mock("node:fs/promises", async (importOriginal) => {
   const real = await importOriginal<typeof import("node:fs/promises")>();
   return {
     ...real,
     open: (path: string, flags?: string, ...rest: unknown[]) => {
+      if (failTmpOpens && flags === "wx" && String(path).endsWith(".tmp")) {
+        return Promise.reject(Object.assign(new Error(`${failTmpOpens}: simulated, open '${path}'`), { code: failTmpOpens }));
+      }
       if (failBlockOpens && flags === "r" && String(path).endsWith(".blk")) {
         return Promise.reject(Object.assign(new Error(`${failBlockOpens}: simulated, open '${path}'`), { code: failBlockOpens }));
       }
@@ -26,6 +31,7 @@ const MiB = 2 ** 20;
 let dir: string | undefined;
 afterEach(async () => {
   failBlockOpens = undefined;
+  failTmpOpens = undefined;
   if (dir) await rm(dir, { recursive: true, force: true });
   dir = undefined;
 });
@@ -54,6 +60,7 @@ describe("DiskTier read errors", () => {
     failBlockOpens = "EMFILE";
     expect(await tier.read(key(0))).toBeUndefined();
     failBlockOpens = undefined;
+  failTmpOpens = undefined;
     expect(errors).toEqual([expect.stringMatching(/^Cannot read block file .*\.blk: EMFILE/)]);
     // Still indexed and accounted, file in place.
     expect(tier.has(key(0))).toBe(true);
@@ -116,5 +123,30 @@ describe("DiskTier directory lock", () => {
     }
     expect(existsSync(lockPath)).toBe(false);
     expect(released).toHaveLength(2);
+  });
+});
+
+describe("DiskTier write errors", () => {
+  it("reports a failing disk's first write error, then one a minute with the count of the others", async () => {
+    dir = await mkdtemp(join(tmpdir(), "rackfeed-disk-"));
+    let clock = 0;
+    const errors: string[] = [];
+    const tier = await DiskTier.open({ dir, maxBytes: 64 * MiB, maxPendingWrites: 8, now: () => clock, onError: (m, e) => errors.push(`${m}: ${(e as Error)?.message}`) });
+    try {
+      failTmpOpens = "EIO";
+      for (let k = 0; k < 5; k++) expect(await tier.writeAndWait(`k${k}`, new Uint8Array(1000))).toBe(false);
+      expect(tier.stats().writeErrors).toBe(5);
+      expect(errors).toHaveLength(1);
+      expect(errors[0]).toMatch(/^Cannot write block file .*\.blk: EIO: simulated/);
+      clock += 61_000;
+      await tier.writeAndWait("k5", new Uint8Array(1000));
+      expect(errors).toHaveLength(2);
+      expect(errors[1]).toMatch(/\.blk \(and 4 more write errors since the last report\): EIO/);
+      failTmpOpens = undefined;
+      expect(await tier.writeAndWait("k6", new Uint8Array(1000))).toBe(true);
+      expect(tier.stats().maxBytes).toBe(64 * MiB); // not a full disk: the budget stays
+    } finally {
+      await tier.close();
+    }
   });
 });
