@@ -286,7 +286,7 @@ export class DiskTier {
         if (owner && Number.isSafeInteger(pid) && pid > 0 && pid !== owner.pid && owner.isAlive(pid) && (await samePid())) {
           throw new CacheDirInUseError(
             `Cache directory ${this.#dir} is in use by process ${pid} (another rackfeed server); give each server its own --cache-dir ` +
-              `(if no server runs as ${pid}, remove ${path}: Deno without --allow-run cannot tell a dead process from a live one)`,
+              `(if no server runs as ${pid}, remove ${path})`,
           );
         }
         // Left by a server that is gone: move it aside atomically, and make sure what was moved
