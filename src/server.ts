@@ -184,7 +184,13 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     origins,
     cache,
     catalog: datasets,
-    tierBytes: { memory: config.memoryBytes, disk: config.diskBytes },
+    // The disk budget in force: less than --disk-bytes while the file system cannot hold that much.
+    tierBytes: {
+      memory: config.memoryBytes,
+      get disk() {
+        return disk.stats().maxBytes;
+      },
+    },
     // Half the origin's slots at most: the limiter keeps a quarter for trainers anyway.
     parallelBlocks: Math.max(1, Math.ceil(config.originConcurrency / 2)),
     maxJobs: 256,

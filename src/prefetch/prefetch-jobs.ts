@@ -57,7 +57,7 @@ export interface PrefetchJobsOptions {
   readonly origins: ReadonlyMap<string, OriginGateway>;
   readonly cache: BlockCache;
   readonly catalog: DatasetCatalog;
-  /** Byte budgets of the tiers, to refuse a job that cannot fit. */
+  /** Byte budgets of the tiers in force, read when a job is planned, to refuse a job that cannot fit. */
   readonly tierBytes: { readonly memory: number; readonly disk: number };
   /** Blocks fetched at once per job. */
   readonly parallelBlocks: number;

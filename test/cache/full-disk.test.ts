@@ -1,9 +1,9 @@
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { NODE, NODE_TS, ROOT } from "../helpers/spawn.ts";
+import { NODE, NODE_TS, ROOT, startChild } from "../helpers/spawn.ts";
 
 let dir: string;
 beforeAll(() => {
@@ -18,11 +18,13 @@ const MiB = 2 ** 20;
  * are allowed) with a tmpfs of `mib` MiB mounted at `mnt`: a real small, fillable file system.
  */
 function inSmallFileSystem(mnt: string, mib: number, command: string[]): string {
+  return execFileSync("unshare", smallFileSystemArgs(mnt, mib, command), { encoding: "utf8", timeout: 60_000 });
+}
+
+/** `unshare` arguments that run `command` with a tmpfs of `mib` MiB at `mnt`. */
+function smallFileSystemArgs(mnt: string, mib: number, command: string[]): string[] {
   const quoted = command.map((a) => `'${a.replaceAll("'", "'\\''")}'`).join(" ");
-  return execFileSync("unshare", ["-rm", "sh", "-c", `mount -t tmpfs -o size=${mib}m tmpfs '${mnt}' && exec ${quoted}`], {
-    encoding: "utf8",
-    timeout: 60_000,
-  });
+  return ["-rm", "sh", "-c", `mount -t tmpfs -o size=${mib}m tmpfs '${mnt}' && exec ${quoted}`];
 }
 
 describe("the NVMe tier on a file system smaller than --disk-bytes", () => {
@@ -52,5 +54,33 @@ describe("the NVMe tier on a file system smaller than --disk-bytes", () => {
     expect(r.grown.maxBytes).toBeLessThanOrEqual(r.atStart);
     expect(r.messages.at(-1)).toMatch(/has more room; the tier keeps at most [67]\.\d MiB \(--disk-bytes 64\.0 MiB\)$/);
     expect(r.lockGone).toBe(true);
+  }, 90_000);
+
+  it("refuses a disk prefetch that the file system cannot hold, though --disk-bytes could, naming the budget in force", async () => {
+    const mnt = join(dir, "fs-serve");
+    const data = join(dir, "data");
+    mkdirSync(mnt, { recursive: true });
+    mkdirSync(data, { recursive: true });
+    for (let k = 0; k < 6; k++) writeFileSync(join(data, `o${k}`), Buffer.alloc(MiB, k));
+    const ADMIN = "admin-token-for-tests";
+    const server = await startChild("unshare", smallFileSystemArgs(mnt, 4, [
+      NODE, ...NODE_TS, `${ROOT}src/main.node.ts`, "serve", "--listen", "127.0.0.1:0", "--shm-dir", "off", "--admin-token", ADMIN,
+      "--origin", `data=${data}`, "--cache-dir", `${mnt}/cache`, "--disk-bytes", "64MiB", "--block-bytes", "1MiB",
+    ]), dir);
+    try {
+      expect(server.output()).toMatch(/NVMe tier: the file system under .* has room for 3\.\d MiB of block files, less than --disk-bytes 64\.0 MiB/);
+      const r = await fetch(`${server.url}/prefetch`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" },
+        body: JSON.stringify({ objects: ["data/"] }),
+      });
+      const body = await r.json();
+      expect(r.status, JSON.stringify(body)).toBe(400);
+      expect(body.message).toMatch(/needs 6291456 bytes, more than the disk tier holds \(\d+ bytes\)/);
+      const held = Number(/holds \((\d+) bytes\)/.exec(body.message)![1]);
+      expect(held).toBeLessThan(4 * MiB);
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
   }, 90_000);
 });
