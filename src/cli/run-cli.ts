@@ -1,6 +1,8 @@
 /** @module The `rackfeed` command line: `serve`, and the embedded demo when no command is given. */
 
 import { ConfigError, loadConfig } from "../config/load.ts";
+import { checkMemoryBudgets } from "../config/memory-check.ts";
+import type { MemoryLimit } from "../runtime/memory-limit.ts";
 import { ADMIN_USAGE, prefetchCommand, statsCommand } from "./admin-commands.ts";
 import { TUNABLES } from "../config/defaults.ts";
 import { DEMO_TOKEN_DATASET, ensureDemoDataset } from "../demo/demo-dataset.ts";
@@ -31,6 +33,8 @@ export interface CliHost {
   /** This process's id, and whether another one runs (shm rings of dead servers are removed). */
   readonly pid?: number;
   readonly isAlive?: (pid: number) => boolean;
+  /** The memory this process may use (physical, or a container's cgroup limit); budgets over it are refused at start-up. */
+  readonly memoryLimit?: () => Promise<MemoryLimit | undefined>;
   /** See `ServerEnv.lockFile`: the cache directory's lock from the kernel. */
   readonly lockFile?: ServerEnv["lockFile"];
   /** Maps a file shared and writable (FFI / koffi); without it rings are written with pwrite. */
@@ -111,6 +115,12 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
     host.printError('rackfeed: no origin configured; add --origin NAME=/path (or "origins" in --config)');
     return 2;
   }
+  const memory = checkMemoryBudgets(config, await host.memoryLimit?.());
+  if (memory.refuse) {
+    host.printError(`rackfeed: ${memory.refuse}`);
+    return 2;
+  }
+  if (memory.warn) host.printError(memory.warn);
   const log = (m: string, err?: unknown) => host.printError(err === undefined ? m : `${m}: ${describe(err)}`);
   // Installed before anything starts: a signal while starting (or right after "listening" is
   // printed, which is when supervisors and tests send one) must shut down cleanly, not kill.

@@ -5,6 +5,7 @@ import type { LockFile } from "../cache/disk-tier.ts";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
 import { workerIndexBuilder } from "./index-builder.ts";
+import { hostMemoryLimit } from "./memory-limit.ts";
 import { canMapDeno, mapFileDeno, peerCredentialsDeno } from "./libc-deno.ts";
 import { withFd } from "./socket-fd.ts";
 
@@ -135,6 +136,7 @@ export function denoHost(): CliHost {
     pid: Deno.pid,
     isAlive,
     lockFile: lockFileDeno,
+    memoryLimit: () => hostMemoryLimit(),
     buildOffThread: workerIndexBuilder("deno"),
     // Getters: libc is opened only by commands that serve shm.
     get mapFile() {

@@ -10,6 +10,7 @@ import { readFileSync } from "node:fs";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
 import { workerIndexBuilder } from "./index-builder.ts";
+import { hostMemoryLimit } from "./memory-limit.ts";
 import { loadNodeFlock, loadNodeMapping, loadNodePeerCredentials } from "./libc-node.ts";
 import type { LockFile } from "../cache/disk-tier.ts";
 import { withFd } from "./socket-fd.ts";
@@ -219,6 +220,7 @@ export function nodeHost(): CliHost {
     get lockFile() {
       return nodeFileLock();
     },
+    memoryLimit: () => hostMemoryLimit(),
     buildOffThread: workerIndexBuilder("node"),
     // Getters: koffi (a native addon, ~20 ms to load) is loaded only by commands that serve shm.
     get mapFile() {

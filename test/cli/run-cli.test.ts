@@ -1,7 +1,7 @@
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import * as net from "node:net";
-import { tmpdir } from "node:os";
+import { tmpdir, totalmem } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runCli } from "../../src/cli/run-cli.ts";
@@ -39,6 +39,25 @@ describe("rackfeed command line (Node entry)", () => {
     const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0"], cwd);
     expect(code).toBe(2);
     expect(out).toMatch(/no origin configured/);
+  });
+
+  it("exits 2 when --memory-bytes exceeds this machine's memory, and warns when the budgets only add up to more", async () => {
+    const GiB = 2 ** 30;
+    const tooBig = totalmem() + GiB;
+    const refused = await runToExit(NODE, [...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0", "--shm-dir", "off", "--origin", `d=${cwd}`, "--cache-dir", join(cwd, "c-mem"), "--memory-bytes", String(tooBig)], cwd);
+    expect(refused.code, refused.out).toBe(2);
+    expect(refused.out).toMatch(/^rackfeed: --memory-bytes [\d.]+ GiB exceeds the memory this process may use, [\d.]+ GiB \((physical memory|cgroup [a-z._]+)\): the kernel would kill the server once the memory tier fills; lower --memory-bytes/m);
+    // A tier that fits, with batches in flight on top that do not: it starts, and says so.
+    const server = await startChild(NODE, [
+      ...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0", "--shm-dir", "off", "--origin", `d=${cwd}`, "--cache-dir", join(cwd, "c-mem"),
+      "--memory-bytes", String(totalmem() - GiB), "--batch-inflight-bytes", String(2 * GiB),
+    ], cwd);
+    try {
+      expect(server.output()).toMatch(/rackfeed: warning: --memory-bytes [\d.]+ GiB \+ --batch-inflight-bytes 2\.0 GiB \+ --batch-pool-bytes 0\.1 GiB = [\d.]+ GiB exceed the memory this process may use/);
+      expect((await fetch(`${server.url}/healthz`)).status).toBe(200);
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
   });
 
   it("exits 1 with a clear message when the port is taken", async () => {
