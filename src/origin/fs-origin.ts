@@ -107,12 +107,7 @@ export class FsOrigin implements Origin {
   }
 
   async #resolve(key: string): Promise<string> {
-    this.#realRoot ??= realpath(this.#root).catch((e) => {
-      this.#realRoot = undefined;
-      // The root itself is gone (an NFS mount that went away): the origin is down, not the object.
-      throw new OriginError("ORIGIN_UNAVAILABLE", `Origin "${this.name}" cannot reach its root ${this.#root}: ${(e as { code?: string }).code ?? (e as Error).message}`, { cause: e });
-    });
-    const root = await this.#realRoot;
+    const root = await this.#resolveRoot();
     let real: string;
     try {
       real = await realpath(`${this.#root}/${key}`);
@@ -214,9 +209,14 @@ export class FsOrigin implements Origin {
     return out.slice(0, limit);
   }
 
-  async #resolveRoot(): Promise<string> {
-    this.#realRoot ??= realpath(this.#root);
-    return await this.#realRoot;
+  /** The root's real path, kept once found; a failure is not kept, so a share that comes back is used again. */
+  #resolveRoot(): Promise<string> {
+    this.#realRoot ??= realpath(this.#root).catch((e) => {
+      this.#realRoot = undefined;
+      // The root itself is gone (an NFS mount that went away): the origin is down, not the object.
+      throw new OriginError("ORIGIN_UNAVAILABLE", `Origin "${this.name}" cannot reach its root ${this.#root}: ${(e as { code?: string }).code ?? (e as Error).message}`, { cause: e });
+    });
+    return this.#realRoot;
   }
 
   async #walk(dir: string, dirKey: string, prefix: string, limit: number, out: ListedObject[]): Promise<void> {

@@ -60,7 +60,6 @@ describe("DiskTier read errors", () => {
     failBlockOpens = "EMFILE";
     expect(await tier.read(key(0))).toBeUndefined();
     failBlockOpens = undefined;
-  failTmpOpens = undefined;
     expect(errors).toEqual([expect.stringMatching(/^Cannot read block file .*\.blk: EMFILE/)]);
     // Still indexed and accounted, file in place.
     expect(tier.has(key(0))).toBe(true);

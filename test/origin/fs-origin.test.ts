@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { closeSync, constants, mkdtempSync, openSync, rmSync, writeFileSync } from "node:fs";
+import { closeSync, constants, mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -88,5 +88,20 @@ describe("FsOrigin whose root goes away", () => {
     const err = await origin.stat("a.bin").then(() => undefined, (e) => e as Error & { code?: string });
     expect(err?.code).toBe("ORIGIN_UNAVAILABLE");
     expect(err?.message).toBe(`Origin "nfs" cannot reach its root ${root}: ENOENT`);
+  });
+
+  it("uses its root again once it is back, after a listing made while it was gone", async () => {
+    const root = mkdtempSync(join(tmpdir(), "rf-root-"));
+    const origin = new FsOrigin({ name: "nfs", root });
+    rmSync(root, { recursive: true, force: true }); // the share is not mounted yet
+    await expect(origin.list("", 10)).rejects.toMatchObject({ code: "ORIGIN_UNAVAILABLE" });
+    mkdirSync(root);
+    writeFileSync(join(root, "a.bin"), "xyz");
+    try {
+      expect((await origin.stat("a.bin")).size).toBe(3);
+      expect(await origin.list("", 10)).toEqual([{ key: "a.bin", size: 3 }]);
+    } finally {
+      rmSync(root, { recursive: true, force: true });
+    }
   });
 });

@@ -36,7 +36,7 @@ describe("a files origin whose file system hangs", () => {
     const server = await startChild(NODE, [
       ...NODE_TS, `${ROOT}src/main.node.ts`, "serve", "--listen", "127.0.0.1:0", "--shm-dir", "off",
       "--origin", `hung=${hung}`, "--origin", `other=${other}`, "--cache-dir", join(dir, "cache"),
-      "--block-bytes", "64KiB", "--part-bytes", "64KiB", "--metadata-ttl", "1h", "--origin-timeout", "300ms",
+      "--block-bytes", "64KiB", "--part-bytes", "64KiB", "--metadata-ttl", "1h", "--origin-timeout", "1s",
     ], dir);
     delete process.env.UV_THREADPOOL_SIZE;
     const fifos: string[] = [];
