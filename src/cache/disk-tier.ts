@@ -47,6 +47,8 @@ export interface DiskTierOptions {
   readonly onError?: (message: string, cause: unknown) => void;
   /** Monotonic clock in ms (default `performance.now`): paces re-checks of a full disk and repeated error reports. */
   readonly now?: () => number;
+  /** How often a budget cut for want of room is checked against the file system again, in ms (default a minute). */
+  readonly recheckMs?: number;
   /**
    * This process's id, a liveness test and, where the runtime has one, a kernel file lock: a
    * directory locked by another live process is refused.
@@ -109,10 +111,39 @@ async function processStartTime(pid: number): Promise<string | undefined> {
   }
 }
 
-/** How often a budget cut for want of room is checked against the file system again, and how often a repeated write error is reported. */
+/** How often a repeated write error is reported, and (by default) a budget cut for want of room is checked again. */
 const RECHECK_MS = 60_000;
 /** Space left free for the file system's other users (logs, temporary files): 2 % of it, at most this. */
 const HEADROOM_MAX = 256 * 2 ** 20;
+
+/** This process, for the cache directory's lock. */
+type Owner = NonNullable<DiskTierOptions["owner"]>;
+
+/** Ends the line of a lock file written by a server that holds the kernel's lock on it. */
+const FLOCK_TAG = "flock";
+
+/**
+ * The pid of a lock line (`PID [START@BOOT]...`) when it names another process that runs, and
+ * is the same process as far as /proc can tell (a start time that differs: the pid was reused).
+ */
+async function livePidOf(line: string, owner: Owner): Promise<number | undefined> {
+  const [pidText, started] = line.trim().split(/\s+/);
+  const pid = Number(pidText);
+  if (!Number.isSafeInteger(pid) || pid <= 0 || pid === owner.pid || !owner.isAlive(pid)) return undefined;
+  if (started === undefined || started === FLOCK_TAG) return pid;
+  const now = await processStartTime(pid);
+  return now === undefined || now === started ? pid : undefined;
+}
+
+/** The cache directory is held by `pid` (or someone), by the kernel's lock or by a pid lock. */
+function inUse(dir: string, pid: number | undefined, byKernel: boolean): CacheDirInUseError {
+  return new CacheDirInUseError(
+    `Cache directory ${dir} is in use by ${pid !== undefined ? `process ${pid}` : "another process"} (another rackfeed server` +
+      (byKernel ? ", on this host or in another container sharing the directory); " : "); ") +
+      `give each server its own --cache-dir` +
+      (byKernel || pid === undefined ? "" : ` (if no server runs as ${pid}, remove ${dir}/lock)`),
+  );
+}
 
 /** Block-file headers read at once while the index is rebuilt at start-up. */
 const REBUILD_READS = 32;
@@ -146,7 +177,11 @@ export class DiskTier {
   readonly #onError: (message: string, cause: unknown) => void;
   readonly #now: () => number;
   #fitting: Promise<void> | undefined;
+  /** A write found the disk full since the last check. */
+  #fullSeen = false;
   #fitCheckedAt = -Infinity;
+  #recheckTimer: ReturnType<typeof setInterval> | undefined;
+  readonly #recheckMs: number;
   /** When a write error was last reported, and how many went unreported since. */
   #errorReportedAt = -Infinity;
   #errorsUnreported = 0;
@@ -167,6 +202,7 @@ export class DiskTier {
     this.#maxPending = opts.maxPendingWrites;
     this.#onError = opts.onError ?? (() => {});
     this.#now = opts.now ?? (() => performance.now());
+    this.#recheckMs = opts.recheckMs ?? RECHECK_MS;
   }
 
   /**
@@ -185,6 +221,9 @@ export class DiskTier {
       throw new RangeError(
         `Cannot create DiskTier: maxPendingWrites must be an integer >= 0, received ${opts.maxPendingWrites}`,
       );
+    }
+    if (opts.recheckMs !== undefined && (!Number.isSafeInteger(opts.recheckMs) || opts.recheckMs <= 0)) {
+      throw new RangeError(`Cannot create DiskTier: recheckMs must be a positive integer, received ${opts.recheckMs}`);
     }
     const tier = new DiskTier(opts);
     await tier.#lock(opts.owner);
@@ -221,22 +260,26 @@ export class DiskTier {
       // The pid and its process's start time: a pid reused by another process (after a reboot,
       // or a kill -9 long ago) is then not taken for the server that left the lock.
       const mine = owner ? `${owner.pid} ${(await processStartTime(owner.pid)) ?? ""}`.trim() + "\n" : "0\n";
-      const fileLock = owner?.lockFile ? await this.#lockByKernel(path, mine, owner.lockFile) : await this.#lockByPid(path, mine, owner);
+      const fileLock = owner?.lockFile ? await this.#lockByKernel(path, mine, owner, owner.lockFile) : await this.#lockByPid(path, mine, owner);
       HELD.set(this.#lockKey, { users: 1, fileLock });
       this.#locked = true;
     });
   }
 
-  async #lockByKernel(path: string, mine: string, lockFile: LockFile): Promise<FileLock> {
+  async #lockByKernel(path: string, mine: string, owner: Owner, lockFile: LockFile): Promise<FileLock | undefined> {
     for (let attempt = 0; attempt < 3; attempt++) {
-      const held = await lockFile(path);
+      let held: FileLock | undefined;
+      try {
+        held = await lockFile(path);
+      } catch (e) {
+        // A file system without flock (NFSv3 without lockd: ENOLCK) still has files: lock by pid there.
+        this.#onError(`Cannot flock ${path}; locking the cache directory by pid instead`, e);
+        return await this.#lockByPid(path, mine, owner);
+      }
       if (!held) {
         // The pid only names the holder in the message (it may belong to another pid namespace).
         const pid = (await readFile(path, "utf8").catch(() => "")).trim().split(/\s+/)[0];
-        throw new CacheDirInUseError(
-          `Cache directory ${this.#dir} is in use by ${/^[1-9]\d*$/.test(pid) ? `process ${pid}` : "another process"} (another rackfeed server, ` +
-            `on this host or in another container sharing the directory); give each server its own --cache-dir`,
-        );
+        throw inUse(this.#dir, /^[1-9]\d*$/.test(pid) ? Number(pid) : undefined, true);
       }
       // A server releasing the lock removes the file first and unlocks after: the file just
       // locked may be one removed meanwhile, while a third server locks a new file at the path.
@@ -247,7 +290,14 @@ export class DiskTier {
         continue;
       }
       try {
-        await writeFile(path, mine); // who holds it, for operators and for the message above
+        // A line without the flock tag was written by a server that locks by pid (an older
+        // release, or Node without koffi): it never takes the flock, so only its line says it runs.
+        const seen = await readFile(path, "utf8");
+        const pid = seen.trim().split(/\s+/).at(-1) === FLOCK_TAG ? undefined : await livePidOf(seen, owner);
+        if (pid !== undefined) throw inUse(this.#dir, pid, false);
+        // Who holds it, for operators and for the message above; tagged last, where a server that
+        // locks by pid does not look.
+        await writeFile(path, `${mine.trim()} ${FLOCK_TAG}\n`);
       } catch (e) {
         await held.release();
         throw e;
@@ -261,7 +311,7 @@ export class DiskTier {
    * The lock where the kernel's cannot be had (Node without koffi): created with O_EXCL,
    * holding the pid and the process's start time; one whose process is gone is taken over.
    */
-  async #lockByPid(path: string, mine: string, owner: DiskTierOptions["owner"]): Promise<undefined> {
+  async #lockByPid(path: string, mine: string, owner: Owner | undefined): Promise<undefined> {
     // The lock appears with its pid in it (link of a file written first): another server never
     // reads an empty lock, which it would take for a dead one's.
     const tmp = `${this.#dir}/lock.${randomBytes(6).toString("hex")}`;
@@ -275,20 +325,8 @@ export class DiskTier {
           if ((e as { code?: string }).code !== "EEXIST") throw e;
         }
         const seen = await readFile(path, "utf8").catch(() => "");
-        const [pidText, started] = seen.trim().split(/\s+/);
-        const pid = Number(pidText);
-        // The same process, as far as /proc can tell (a start time that differs: the pid was reused).
-        const samePid = async () => {
-          if (started === undefined) return true;
-          const now = await processStartTime(pid);
-          return now === undefined || now === started;
-        };
-        if (owner && Number.isSafeInteger(pid) && pid > 0 && pid !== owner.pid && owner.isAlive(pid) && (await samePid())) {
-          throw new CacheDirInUseError(
-            `Cache directory ${this.#dir} is in use by process ${pid} (another rackfeed server); give each server its own --cache-dir ` +
-              `(if no server runs as ${pid}, remove ${path})`,
-          );
-        }
+        const pid = owner ? await livePidOf(seen, owner) : undefined;
+        if (pid !== undefined) throw inUse(this.#dir, pid, false);
         // Left by a server that is gone: move it aside atomically, and make sure what was moved
         // is the lock judged stale, not one another server has just taken (then put it back).
         const aside = `${this.#dir}/lock.stale.${randomBytes(6).toString("hex")}`;
@@ -313,6 +351,8 @@ export class DiskTier {
 
   /** Releases the directory (after `flush()`). */
   async close(): Promise<void> {
+    clearInterval(this.#recheckTimer);
+    this.#recheckTimer = undefined;
     if (!this.#locked) return;
     this.#locked = false;
     await serial(this.#lockKey, async () => {
@@ -468,6 +508,7 @@ export class DiskTier {
   async #write(key: string, keyBytes: Uint8Array, payload: Uint8Array, fileBytes: number): Promise<void> {
     // Reserve the space first so that concurrent writes cannot together overshoot the budget.
     this.#reserved += fileBytes;
+    let reserved = true;
     const name = createHash("sha256").update(keyBytes).digest("hex");
     const path = `${this.#dir}/blocks/${name.slice(0, 2)}/${name}.blk`;
     const tmp = `${this.#dir}/tmp/${name}.${randomBytes(6).toString("hex")}.tmp`;
@@ -499,6 +540,8 @@ export class DiskTier {
     } catch (e) {
       this.#writeErrors++;
       await unlink(tmp).catch(() => {});
+      this.#reserved -= fileBytes;
+      reserved = false;
       if ((e as { code?: string }).code === "ENOSPC") {
         // The file system holds less than the budget (a smaller disk, or others filled it): the
         // budget comes down to what fits, so the tier goes on as an LRU of that size instead of
@@ -508,7 +551,7 @@ export class DiskTier {
         this.#reportWriteError(path, e);
       }
     } finally {
-      this.#reserved -= fileBytes;
+      if (reserved) this.#reserved -= fileBytes;
     }
     await this.#evictUntil(0);
   }
@@ -528,50 +571,70 @@ export class DiskTier {
 
   /** While the budget is cut, looks again (at most once a minute) whether the file system has room for more. */
   #recheckRoom(): void {
-    if (this.#maxBytes < this.#configuredBytes && this.#now() - this.#fitCheckedAt >= RECHECK_MS) void this.#fitToDisk();
+    if (this.#maxBytes < this.#configuredBytes && this.#now() - this.#fitCheckedAt >= this.#recheckMs) void this.#fitToDisk();
   }
 
   /**
-   * Sets the budget to what the file system can hold: the block files we have plus its free
-   * space, less headroom for its other users, and never more than configured. Where the file
-   * system cannot be asked (Deno without --allow-sys), a full disk keeps the budget at the
-   * bytes held. One check at a time; a change is reported.
+   * Sets the budget to what the file system can hold (see `#fit`), one check at a time. A full
+   * disk seen while a routine check is under way gets a check of its own after it.
    *
    * @param full a write has just found the file system full
    */
-  #fitToDisk(full = false): Promise<void> {
-    this.#fitting ??= (async () => {
-      this.#fitCheckedAt = this.#now();
-      const fs = await statfs(this.#dir).catch(() => undefined);
-      let room: number;
-      if (fs) {
-        const headroom = Math.min(HEADROOM_MAX, Math.floor(fs.blocks * fs.bsize * 0.02));
-        room = Math.max(0, this.#bytes + fs.bavail * fs.bsize - headroom);
-      } else {
-        room = full ? this.#bytes : this.#configuredBytes;
-      }
-      // A write that found the disk full must not be tried again at the same size.
-      if (full) room = Math.min(room, this.#bytes);
-      const budget = Math.min(this.#configuredBytes, room);
-      const before = this.#maxBytes;
-      this.#maxBytes = budget;
-      if (budget < before) {
-        this.#onError(
-          `NVMe tier: the file system under ${this.#dir} has room for ${mib(room)} of block files, less than --disk-bytes ` +
-            `${mib(this.#configuredBytes)}; the tier keeps at most ${mib(budget)} (looked at again every minute)`,
-          undefined,
-        );
-      } else if (budget > before) {
-        this.#onError(
-          budget === this.#configuredBytes
-            ? `NVMe tier: the file system under ${this.#dir} has room for --disk-bytes ${mib(budget)} again`
-            : `NVMe tier: the file system under ${this.#dir} has more room; the tier keeps at most ${mib(budget)} (--disk-bytes ${mib(this.#configuredBytes)})`,
-          undefined,
-        );
-      }
-      await this.#evictUntil(0);
-    })().finally(() => (this.#fitting = undefined));
-    return this.#fitting;
+  async #fitToDisk(full = false): Promise<void> {
+    if (full) this.#fullSeen = true;
+    for (;;) {
+      this.#fitting ??= this.#fit().finally(() => (this.#fitting = undefined));
+      await this.#fitting;
+      if (!full || !this.#fullSeen) return;
+    }
+  }
+
+  /**
+   * The budget becomes the block files we have plus the file system's free space, less headroom
+   * for its other users, never more than configured; after a full disk, no more than the bytes
+   * held. Where the file system cannot be asked (Deno without --allow-sys), a full disk keeps the
+   * budget at the bytes held. A change is reported; while the budget is cut, a timer looks again
+   * every minute, so an idle server's budget (and the prefetch jobs it accepts) grows back too.
+   */
+  async #fit(): Promise<void> {
+    this.#fitCheckedAt = this.#now();
+    const fs = await statfs(this.#dir).catch(() => undefined);
+    const full = this.#fullSeen;
+    this.#fullSeen = false;
+    let room: number;
+    if (fs) {
+      const headroom = Math.min(HEADROOM_MAX, Math.floor(fs.blocks * fs.bsize * 0.02));
+      room = Math.max(0, this.#bytes + fs.bavail * fs.bsize - headroom);
+    } else {
+      room = full ? this.#bytes : this.#configuredBytes;
+    }
+    // A write that found the disk full must not be tried again at the same size.
+    if (full) room = Math.min(room, this.#bytes);
+    const budget = Math.min(this.#configuredBytes, room);
+    const before = this.#maxBytes;
+    this.#maxBytes = budget;
+    if (budget < before) {
+      this.#onError(
+        `NVMe tier: the file system under ${this.#dir} has room for ${mib(room)} of block files, less than --disk-bytes ` +
+          `${mib(this.#configuredBytes)}; the tier keeps at most ${mib(budget)} (looked at again every minute)`,
+        undefined,
+      );
+    } else if (budget > before) {
+      this.#onError(
+        budget === this.#configuredBytes
+          ? `NVMe tier: the file system under ${this.#dir} has room for --disk-bytes ${mib(budget)} again`
+          : `NVMe tier: the file system under ${this.#dir} has more room; the tier keeps at most ${mib(budget)} (--disk-bytes ${mib(this.#configuredBytes)})`,
+        undefined,
+      );
+    }
+    if (budget < this.#configuredBytes && this.#recheckTimer === undefined && this.#locked) {
+      this.#recheckTimer = setInterval(() => this.#recheckRoom(), this.#recheckMs);
+    } else if (budget >= this.#configuredBytes && this.#recheckTimer !== undefined) {
+      clearInterval(this.#recheckTimer);
+      this.#recheckTimer = undefined;
+    }
+    // On the bytes held only: writes in flight are about to fail too, or end with an eviction of their own.
+    await this.#evictUntil(-this.#reserved);
   }
 
   async #evictUntil(extra: number): Promise<void> {

@@ -9,6 +9,7 @@
  */
 
 import * as fs from "node:fs";
+import * as os from "node:os";
 import { createRequire } from "node:module";
 import type { PeerCredentials } from "../shm/shm-server.ts";
 import { decodeUcred, MAP_SHARED, MAP_ZERO_OVER, type MappedFile, mappedView, PROT_READ, PROT_WRITE, UCRED_BYTES } from "./libc-common.ts";
@@ -93,7 +94,10 @@ export function loadNodeFlock(): ((fd: number) => boolean) | undefined {
           if (flock(fd, LOCK_EX | LOCK_NB) === 0) return true;
           const errno = koffi.errno();
           if (errno === EWOULDBLOCK) return false;
-          if (errno !== EINTR) throw new Error(`flock failed with errno ${errno}`);
+          if (errno !== EINTR) {
+            const code = Object.entries(os.constants.errno).find(([, n]) => n === errno)?.[0] ?? `errno ${errno}`;
+            throw Object.assign(new Error(`flock failed: ${code}`), { code });
+          }
         }
       };
     } catch {

@@ -92,6 +92,22 @@ describe("DiskTier read errors", () => {
 });
 
 describe("DiskTier directory lock", () => {
+  it("locks by pid, and says so, where the file system refuses flock (NFSv3 without lockd: ENOLCK)", async () => {
+    dir = await mkdtemp(join(tmpdir(), "rackfeed-disk-"));
+    const errors: string[] = [];
+    const lockFile: LockFile = () => Promise.reject(Object.assign(new Error("flock failed: ENOLCK"), { code: "ENOLCK" }));
+    const tier = await DiskTier.open({
+      dir, maxBytes: 4 * MiB, maxPendingWrites: 8, onError: (m, e) => errors.push(`${m}: ${(e as Error).message}`),
+      owner: { pid: process.pid, isAlive: () => true, lockFile },
+    });
+    try {
+      expect(errors).toEqual([`Cannot flock ${dir}/lock; locking the cache directory by pid instead: flock failed: ENOLCK`]);
+      expect(readFileSync(join(dir, "lock"), "utf8")).toMatch(new RegExp(`^${process.pid} \\d+@\\w+\\n$`)); // untagged: a pid lock
+    } finally {
+      await tier.close();
+    }
+  });
+
   it("holds the lock only on the file its path still names: one taken on a file replaced meanwhile is let go and taken again", async () => {
     dir = await mkdtemp(join(tmpdir(), "rackfeed-disk-"));
     const lockPath = join(dir, "lock");

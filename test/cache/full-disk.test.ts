@@ -47,12 +47,17 @@ describe("the NVMe tier on a file system smaller than --disk-bytes", () => {
     expect(r.cut.evictions).toBeGreaterThanOrEqual(2);
     expect(r.readBackOk).toBe(true);
     expect(r.oldestGone).toBe(true);
-    expect(r.messages.filter((m: string) => m.includes("less than --disk-bytes"))).toHaveLength(2);
-    // The space is free again: a minute on, the budget grows back to what the file system holds
-    // (less the block being written as it looks).
-    expect(r.grown.maxBytes).toBeGreaterThan(r.cut.maxBytes + 2 * MiB);
+    expect(r.messages.filter((m: string) => m.includes("less than --disk-bytes")).length).toBeGreaterThanOrEqual(2);
+    // The space is free again: with no write at all, the budget grows back to what the file system holds.
+    expect(r.grown.maxBytes).toBeGreaterThan(r.atStart - MiB / 4); // less the file system's own bookkeeping
     expect(r.grown.maxBytes).toBeLessThanOrEqual(r.atStart);
-    expect(r.messages.at(-1)).toMatch(/has more room; the tier keeps at most [67]\.\d MiB \(--disk-bytes 64\.0 MiB\)$/);
+    // Six writes at once into a full disk: the budget comes down to the bytes held, and only the
+    // blocks the writes that succeed need are evicted, not one more per failed write.
+    const lost = r.afterBurst.evictions - r.beforeBurst.evictions;
+    const stored = r.burst.filter(Boolean).length;
+    expect(lost).toBeLessThanOrEqual(stored);
+    expect(r.afterBurst.bytes).toBeGreaterThanOrEqual(r.beforeBurst.bytes - 1.1 * MiB);
+    expect(r.messages).toContainEqual(expect.stringMatching(/has more room; the tier keeps at most 7\.\d MiB \(--disk-bytes 64\.0 MiB\)$/));
     expect(r.lockGone).toBe(true);
   }, 90_000);
 

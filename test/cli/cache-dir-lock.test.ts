@@ -75,9 +75,10 @@ describe("the cache directory lock", () => {
     first.proc.kill("SIGKILL");
     await new Promise((r) => first.proc.once("exit", r));
     expect(lockPid(join(dir, "lock"))).toBe(String(first.proc.pid)); // left behind
-    // Even a line naming a live process with its true start time (this test's: as a pid reused
-    // in another container could) does not hold the directory: the kernel's lock went with its process.
-    writeFileSync(join(dir, "lock"), ownLockLine());
+    // Even a flock holder's line naming a live process with its true start time (this test's: as
+    // a pid reused in another container could) does not hold the directory: the kernel's lock
+    // went with its process. (An untagged line is a pid lock's, which does hold it: see below.)
+    writeFileSync(join(dir, "lock"), `${ownLockLine().trim()} flock\n`);
     const second = await startChild(NODE, serveArgs(dir), ws.dir);
     try {
       expect((await fetch(`${second.url}/metrics`)).status).toBe(200);
@@ -108,6 +109,21 @@ describe("the cache directory lock", () => {
       expect(await deno.stop()).toBe(0);
     }
   }, 90_000);
+
+  it("refuses a directory that a live server locked by pid (an older release, or Node without koffi), though no one holds its flock", async () => {
+    const dir = join(ws.dir, "pid-locked");
+    // A server of this process that locks by pid only.
+    const pidLocked = await startServer(ws, ["--cache-dir", dir], { pid: process.pid, isAlive });
+    try {
+      expect(lockPid(join(dir, "lock"))).toBe(String(process.pid));
+      const second = await runToExit(NODE, serveArgs(dir), ws.dir, 20_000);
+      expect(second.code, second.out).toBe(2);
+      expect(second.out).toContain(`Cache directory ${dir} is in use by process ${process.pid} (another rackfeed server); give each server its own --cache-dir (if no server runs as ${process.pid}, remove ${dir}/lock)`);
+      expect(lockPid(join(dir, "lock"))).toBe(String(process.pid)); // left as it was
+    } finally {
+      await pidLocked.close();
+    }
+  }, 60_000);
 
   it("takes over a lock left by a process that is gone, and releases it at shutdown", async () => {
     const dir = join(ws.dir, "stale");
