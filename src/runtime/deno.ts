@@ -23,42 +23,90 @@ export function listenDeno(
   addr: { hostname: string; port: number },
   tls?: { cert: string; key: string },
 ): Promise<Listener> {
+  const handler = (req: Request, info: Deno.ServeHandlerInfo<Deno.NetAddr>) => {
+    // A getter: Deno makes `completed` when it is first read, and rejects it when a stream
+    // body is not delivered (a client that resets an HTTP/2 stream). Read for every request,
+    // it went unhandled on routes that never look at it, and ended the process.
+    const env: DenoBindings = {
+      get completed() {
+        return info.completed;
+      },
+      // A getter too: Deno makes the signal lazily; only batches watch it.
+      get signal() {
+        return req.signal;
+      },
+      // Deno.serve does not say which protocol a request came over: HTTP/1.1 requires a Host
+      // header, and Deno makes none from HTTP/2's :authority.
+      get httpVersion() {
+        return req.headers.has("host") ? "1.1" : "2";
+      },
+    };
+    return fetch(req, env);
+  };
   return new Promise((resolve, reject) => {
-    try {
+    let server: Deno.HttpServer<Deno.NetAddr> | undefined;
+    let closing = false;
+    let retry: ReturnType<typeof setTimeout> | undefined;
+    let loggedAt = -Infinity;
+    let port = addr.port;
+    let url = "";
+    const listener: Listener = {
+      get url() {
+        return url;
+      },
+      close: async () => {
+        closing = true;
+        clearTimeout(retry);
+        await server?.shutdown();
+      },
+    };
+    // Deno.serve ends its accept loop for good on an accept error: with every file descriptor
+    // taken (connections that never send a byte are never timed out by Deno) `finished` rejects
+    // with EMFILE, which went unhandled and ended the process. The listener is made again on
+    // the same port instead, once a second, until it holds.
+    const relisten = (e: unknown) => {
+      if (closing) return;
+      const now = performance.now();
+      if (now - loggedAt > RELISTEN_LOG_MS) {
+        loggedAt = now;
+        console.error(`rackfeed: the HTTP listener stopped (${(e as Error)?.message ?? e}); listening again every ${RELISTEN_MS / 1000} s until it holds`);
+      }
+      retry = setTimeout(() => {
+        try {
+          serve(false);
+        } catch (err) {
+          relisten(err);
+        }
+      }, RELISTEN_MS);
+    };
+    const serve = (first: boolean) => {
       // Deno.serve speaks HTTP/1.1 and h2c (prior knowledge) on one port, and with a
       // certificate negotiates h2 or http/1.1 by ALPN.
-      const server = Deno.serve({
+      server = Deno.serve({
         hostname: addr.hostname,
-        port: addr.port,
+        port,
         ...(tls ?? {}),
-        onListen: ({ port }) => {
-          resolve({ url: `${tls ? "https" : "http"}://${hostPort(addr.hostname, port)}`, close: () => server.shutdown() });
+        onListen: ({ port: bound }) => {
+          port = bound;
+          if (!first) return;
+          url = `${tls ? "https" : "http"}://${hostPort(addr.hostname, bound)}`;
+          resolve(listener);
         },
-      }, (req, info) => {
-        // A getter: Deno makes `completed` when it is first read, and rejects it when a stream
-        // body is not delivered (a client that resets an HTTP/2 stream). Read for every request,
-        // it went unhandled on routes that never look at it, and ended the process.
-        const env: DenoBindings = {
-          get completed() {
-            return info.completed;
-          },
-          // A getter too: Deno makes the signal lazily; only batches watch it.
-          get signal() {
-            return req.signal;
-          },
-          // Deno.serve does not say which protocol a request came over: HTTP/1.1 requires a Host
-          // header, and Deno makes none from HTTP/2's :authority.
-          get httpVersion() {
-            return req.headers.has("host") ? "1.1" : "2";
-          },
-        };
-        return fetch(req, env);
-      });
+      }, handler);
+      server.finished.catch(relisten);
+    };
+    try {
+      serve(true);
     } catch (e) {
       reject(e);
     }
   });
 }
+
+/** How long after its listener failed (EMFILE) the HTTP server listens again. */
+const RELISTEN_MS = 1000;
+/** At most one log line per this long about a failing listener. */
+const RELISTEN_LOG_MS = 60_000;
 
 /** What the Deno listener passes handlers as Hono's `c.env`. */
 export interface DenoBindings {
