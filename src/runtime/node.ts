@@ -32,7 +32,9 @@ export function listenNode(
   fetch: FetchHandler,
   addr: { hostname: string; port: number },
   tls?: { cert: string; key: string },
+  limits: { idleMs?: number } = {},
 ): Promise<Listener> {
+  const idleMs = limits.idleMs ?? IDLE_CONNECTION_MS;
   const listener = getRequestListener(fetch as Parameters<typeof getRequestListener>[0]);
   const h2Options = {
     // Larger windows than the 64 KiB default: a batch is megabytes, and a small window makes
@@ -52,6 +54,7 @@ export function listenNode(
     if (closing) s.close(); // a handshake that finished after close() began
     sessions.add(s);
     s.once("close", () => sessions.delete(s));
+    closeWhenIdle(s, idleMs);
     // Node (20.x) closes a session gracefully when the peer sends GOAWAY, then waits for its
     // pending data to be written; when the peer is gone (it destroyed its session while a
     // stream was held back by flow control) that never happens, and the session, its socket,
@@ -80,7 +83,14 @@ export function listenNode(
       // raise an unhandled 'error' and end the process.
       const early = () => socket.destroy();
       socket.on("error", early);
+      // Nothing times out a connection before its first byte (node:http's header timeout starts
+      // once it has the socket): one that never sends held its file descriptor for good, and
+      // ~20 000 of them left none for anyone else (every new client refused, the NVMe tier's
+      // and the origin's files unopenable).
+      socket.setTimeout(idleMs, early);
       socket.once("data", (first) => {
+        socket.setTimeout(0);
+        socket.off("timeout", early);
         socket.off("error", early);
         socket.pause();
         socket.unshift(first);
@@ -186,6 +196,38 @@ export function whenDoneNode(env: unknown, done: (reusable: boolean) => void): b
 }
 
 const H2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+
+/**
+ * How long a connection may stay open without a request: before its first byte, and an HTTP/2
+ * session with no stream open (node:http2 has no such timeout; an idle HTTP/1.1 connection is
+ * closed by node:http after 5 s, and one whose headers do not come in 60 s too).
+ */
+const IDLE_CONNECTION_MS = 60_000;
+
+/**
+ * Closes (GOAWAY) an HTTP/2 session that has had no stream open for `idleMs`: a client that sent
+ * the preface and nothing else held its connection for good. Streams in progress, however slow,
+ * are not counted as idle.
+ */
+function closeWhenIdle(s: Http2Session, idleMs: number): void {
+  let open = 0;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const arm = () => {
+    timer = setTimeout(() => {
+      if (open === 0 && !s.closed && !s.destroyed) s.close();
+    }, idleMs);
+    timer.unref();
+  };
+  arm();
+  s.on("stream", (stream: http2.ServerHttp2Stream) => {
+    open++;
+    clearTimeout(timer);
+    stream.once("close", () => {
+      if (--open === 0 && !s.closed && !s.destroyed) arm();
+    });
+  });
+  s.once("close", () => clearTimeout(timer));
+}
 
 /** How long an HTTP/2 session may linger after the peer's GOAWAY before it is destroyed (ms). */
 const GOAWAY_GRACE_MS = 1000;

@@ -1,0 +1,77 @@
+import * as http2 from "node:http2";
+import * as net from "node:net";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { Listener } from "../../src/runtime/listener.ts";
+import { listenNode } from "../../src/runtime/node.ts";
+
+const IDLE_MS = 300;
+let listener: Listener;
+let port: number;
+
+beforeAll(async () => {
+  // A handler that answers after `?delay=` ms: a stream in progress for longer than the idle time.
+  const fetch = async (req: Request) => {
+    const delay = Number(new URL(req.url).searchParams.get("delay") ?? 0);
+    await new Promise((r) => setTimeout(r, delay));
+    return new Response("ok");
+  };
+  listener = await listenNode(fetch, { hostname: "127.0.0.1", port: 0 }, undefined, { idleMs: IDLE_MS });
+  port = Number(new URL(listener.url).port);
+});
+afterAll(async () => {
+  await listener.close();
+});
+
+/** Milliseconds until the server closes a connection that sends `bytes` (Infinity: still open after `waitMs`). */
+function closedAfter(bytes: string, waitMs: number): Promise<number> {
+  return new Promise((resolve) => {
+    const t0 = performance.now();
+    const s = net.connect(port, "127.0.0.1", () => {
+      if (bytes) s.write(bytes);
+    });
+    const timer = setTimeout(() => {
+      s.destroy();
+      resolve(Infinity);
+    }, waitMs);
+    s.on("error", () => {});
+    s.resume();
+    s.once("close", () => {
+      clearTimeout(timer);
+      resolve(performance.now() - t0);
+    });
+  });
+}
+
+describe("Node listener: connections without a request", () => {
+  it("closes a connection that never sends a byte after the idle time (it held a file descriptor for good)", async () => {
+    const ms = await closedAfter("", 5000);
+    expect(ms).toBeGreaterThanOrEqual(IDLE_MS - 50);
+    expect(ms).toBeLessThan(3000);
+  });
+
+  it("closes an HTTP/2 session that has no stream open after the idle time, and serves a stream that takes longer", async () => {
+    const session = http2.connect(`http://127.0.0.1:${port}`);
+    session.on("error", () => {});
+    const closed = new Promise<number>((r) => {
+      const t0 = performance.now();
+      session.once("close", () => r(performance.now() - t0));
+    });
+    // A request in progress for 3 × the idle time keeps the session.
+    const req = session.request({ ":path": `/slow?delay=${3 * IDLE_MS}` });
+    let body = "";
+    req.setEncoding("utf8");
+    req.on("data", (d: string) => (body += d));
+    const status = await new Promise<number>((r) => req.once("response", (h) => r(Number(h[":status"]))));
+    await new Promise((r) => req.once("end", r));
+    expect(status).toBe(200);
+    expect(body).toBe("ok");
+    // Then nothing: the server ends the session.
+    const ms = await Promise.race([closed, new Promise<number>((r) => setTimeout(() => r(Infinity), 5000))]);
+    expect(ms).toBeLessThan(5000);
+    session.destroy();
+  });
+
+  it("still serves HTTP/1.1 requests that arrive in time", async () => {
+    expect(await (await fetch(`${listener.url}/x`)).text()).toBe("ok");
+  });
+});
