@@ -39,7 +39,9 @@ export function listenNode(
   const h2Options = {
     // Larger windows than the 64 KiB default: a batch is megabytes, and a small window makes
     // the server wait for WINDOW_UPDATEs; flow control still bounds what a slow reader costs.
-    settings: { initialWindowSize: 8 * 2 ** 20, maxFrameSize: 2 ** 20 - 1 },
+    // At most 256 streams open per session (Node advertises 2^32 - 1 by default, Deno 200): each
+    // costs memory whether or not its reader reads (5 000 stalled streams on one connection: +40 MB).
+    settings: { initialWindowSize: 8 * 2 ** 20, maxFrameSize: 2 ** 20 - 1, maxConcurrentStreams: H2_MAX_STREAMS },
     // MB a session may hold in nghttp2's queues before new streams are refused with
     // ENHANCE_YOUR_CALM. The default (10) is about one 8 MiB batch: four streams of 8 MiB
     // batches to a client with a large window failed with it (bench/transport). Still a bound.
@@ -228,6 +230,9 @@ function closeWhenIdle(s: Http2Session, idleMs: number): void {
   });
   s.once("close", () => clearTimeout(timer));
 }
+
+/** Streams one HTTP/2 session may have open at once (advertised in SETTINGS). */
+export const H2_MAX_STREAMS = 256;
 
 /** How long an HTTP/2 session may linger after the peer's GOAWAY before it is destroyed (ms). */
 const GOAWAY_GRACE_MS = 1000;

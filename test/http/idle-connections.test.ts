@@ -75,3 +75,24 @@ describe("Node listener: connections without a request", () => {
     expect(await (await fetch(`${listener.url}/x`)).text()).toBe("ok");
   });
 });
+
+describe("Node's HTTP/2 stream limit", () => {
+  it("advertises at most 256 streams per session, and queues a client's 257th until one ends", async () => {
+    const session = http2.connect(`http://127.0.0.1:${port}`);
+    try {
+      await new Promise<void>((r) => session.once("remoteSettings", () => r()));
+      expect(session.remoteSettings.maxConcurrentStreams).toBe(256);
+      // 260 slow streams at once: all answered (the client holds back those over the limit).
+      const statuses = await Promise.all(Array.from({ length: 260 }, () => new Promise<number>((resolve, reject) => {
+        const req = session.request({ ":path": "/?delay=50" });
+        req.on("response", (h) => resolve(Number(h[":status"])));
+        req.on("error", reject);
+        req.resume();
+        req.end();
+      })));
+      expect(statuses.every((s) => s === 200)).toBe(true);
+    } finally {
+      session.close();
+    }
+  });
+});
