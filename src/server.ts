@@ -84,6 +84,8 @@ export interface ServerEnv {
   readonly clientGone?: ClientGone;
   /** Builds large datasets' indexes off the event loop (see `IndexBuilder`); unset: on it. */
   readonly buildOffThread?: IndexBuilder;
+  /** How long a shm connection may go without asking for a consumer (default 30 s; tests shorten it). */
+  readonly shmOpenTimeoutMs?: number;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
   readonly makeOrigin?: (spec: Config["origins"][number]) => Origin;
 }
@@ -291,6 +293,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
       try {
         shm = await ShmServer.start({
           socketPath,
+          openTimeoutMs: env.shmOpenTimeoutMs,
           dir: config.shmDir,
           catalog: datasets,
           cache,

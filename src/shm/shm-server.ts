@@ -36,6 +36,11 @@ import { type MapFile, removeDeadRings, RING_PREFIX, RingFile, RingSpaceError } 
 const MAX_CONNECTIONS = 1024;
 /** A connection that has not said `hello` within this time is closed. */
 const HELLO_TIMEOUT_MS = 5000;
+/**
+ * A connection that has not asked for a consumer (`open`) within this time of connecting is
+ * closed: connections are capped, and peers that greet and then sit idle could take every one.
+ */
+const OPEN_TIMEOUT_MS = 30_000;
 /** Control frames a client may leave unread (notices are ~80 bytes) before it is disconnected. */
 const MAX_UNREAD_BYTES = 2 ** 20;
 /**
@@ -68,6 +73,8 @@ export interface PeerIdentity {
 /** What the shm server needs: the batch path's parts, its limits, and the runtime's process facts. */
 export interface ShmServerOptions {
   readonly socketPath: string;
+  /** How long a connection may go without asking for a consumer (`open`), in ms (default 30 s; tests shorten it). */
+  readonly openTimeoutMs?: number;
   readonly dir: string;
   readonly catalog: DatasetCatalog;
   readonly cache: BlockCache;
@@ -231,6 +238,8 @@ class ShmConnection {
   /** The last notices of this consumer, by step, so that a `wait` for a published step is answered. */
   readonly #notices = new Map<number, ServerMessage>();
   #pump: Promise<void> | undefined;
+  /** Whether the peer has asked for its consumer (`open`), however that ended. */
+  #opened = false;
   /** Messages are handled one at a time, in order: `open` awaits the catalog. */
   #queue: Promise<void> = Promise.resolve();
 
@@ -254,7 +263,13 @@ class ShmConnection {
     const helloTimer = setTimeout(() => {
       if (!this.#greeted) this.#fail("BAD_REQUEST", 400, `No "hello" within ${HELLO_TIMEOUT_MS} ms`);
     }, HELLO_TIMEOUT_MS);
-    socket.once("close", () => clearTimeout(helloTimer));
+    const openTimer = setTimeout(() => {
+      if (!this.#opened) this.#fail("BAD_REQUEST", 400, `No "open" within ${o.openTimeoutMs ?? OPEN_TIMEOUT_MS} ms of connecting`);
+    }, o.openTimeoutMs ?? OPEN_TIMEOUT_MS);
+    socket.once("close", () => {
+      clearTimeout(helloTimer);
+      clearTimeout(openTimer);
+    });
   }
 
   get hasRing(): boolean {
@@ -385,6 +400,7 @@ class ShmConnection {
   }
 
   async #open(m: Record<string, unknown>): Promise<void> {
+    this.#opened = true;
     if (this.#ring) throw new ShmProtocolError('One "open" per connection: open another connection for another consumer');
     const world = int(m, "world", 1, 1 << 20);
     const rank = int(m, "rank", 0, world - 1);

@@ -275,6 +275,27 @@ describe("shared-memory fast path", () => {
     expect(await rf.metric("rackfeed_shm_rings")).toBe(0);
   });
 
+  it("closes a connection that greets and then never asks for a consumer: it holds no connection slot", async () => {
+    const dir = join(ws.dir, "shm-idle");
+    const idle = await startServer(ws, [...dataset, "--cache-dir", join(ws.dir, "cache-idle"), "--shm-dir", dir], { shmOpenTimeoutMs: 300 });
+    try {
+      const s = await connectUnix(join(dir, `rackfeed-${new URL(idle.url).port}.sock`));
+      try {
+        const dec = new FrameDecoder();
+        const got: Record<string, unknown>[] = [];
+        s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+        for (let chunk = await s.read(); chunk !== null; chunk = await s.read()) got.push(...dec.push(chunk));
+        expect(got[0]).toMatchObject({ t: "welcome" });
+        expect(got[1]).toMatchObject({ t: "error", status: 400, message: 'No "open" within 300 ms of connecting' });
+      } finally {
+        s.close();
+      }
+      await waitFor(async () => (await idle.metric("rackfeed_shm_connections")) === 0, "the idle connection to be dropped", 5000);
+    } finally {
+      await idle.close();
+    }
+  });
+
   it("cuts off a peer that keeps its end open after an error frame: it holds no connection slot (nor shutdown)", async () => {
     const s = net.connect({ path: join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`), allowHalfOpen: true });
     s.on("error", () => {});
