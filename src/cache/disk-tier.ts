@@ -508,7 +508,7 @@ export class DiskTier {
   async #write(key: string, keyBytes: Uint8Array, payload: Uint8Array, fileBytes: number): Promise<void> {
     // Reserve the space first so that concurrent writes cannot together overshoot the budget.
     this.#reserved += fileBytes;
-    let reserved = true;
+    let failed = false;
     const name = createHash("sha256").update(keyBytes).digest("hex");
     const path = `${this.#dir}/blocks/${name.slice(0, 2)}/${name}.blk`;
     const tmp = `${this.#dir}/tmp/${name}.${randomBytes(6).toString("hex")}.tmp`;
@@ -540,8 +540,9 @@ export class DiskTier {
     } catch (e) {
       this.#writeErrors++;
       await unlink(tmp).catch(() => {});
+      // The reservation goes before the fit below, which counts the bytes held, not hoped for.
       this.#reserved -= fileBytes;
-      reserved = false;
+      failed = true;
       if ((e as { code?: string }).code === "ENOSPC") {
         // The file system holds less than the budget (a smaller disk, or others filled it): the
         // budget comes down to what fits, so the tier goes on as an LRU of that size instead of
@@ -551,8 +552,11 @@ export class DiskTier {
         this.#reportWriteError(path, e);
       }
     } finally {
-      if (reserved) this.#reserved -= fileBytes;
+      if (!failed) this.#reserved -= fileBytes;
     }
+    // Only a write that stored its block can have taken the tier over its budget (one cut
+    // meanwhile); a failed one must not evict for the reservations of others in flight.
+    if (failed) return;
     await this.#evictUntil(0);
   }
 
@@ -604,7 +608,10 @@ export class DiskTier {
     let room: number;
     if (fs) {
       const headroom = Math.min(HEADROOM_MAX, Math.floor(fs.blocks * fs.bsize * 0.02));
-      room = Math.max(0, this.#bytes + fs.bavail * fs.bsize - headroom);
+      // Writes in flight may have used some of the free space already: counted as if whole, so a
+      // check during a burst of writes does not take their bytes for others' and evict for them
+      // (an over-estimate is caught by the write that finds the disk full).
+      room = Math.max(0, this.#bytes + this.#reserved + fs.bavail * fs.bsize - headroom);
     } else {
       room = full ? this.#bytes : this.#configuredBytes;
     }
