@@ -24,11 +24,16 @@ export class RingSpaceError extends Error {
 /**
  * Writes zeros over the whole file, so that tmpfs allocates every page now: a sparse ring on a
  * full tmpfs would fail later, and a write through a mapping then kills the process (SIGBUS)
- * instead of returning ENOSPC.
+ * instead of returning ENOSPC. The writes run on the runtime's I/O threads, a MiB at a time: a
+ * ring of a GiB or two took the event loop (every other consumer's batches) for seconds.
  */
-function allocate(fd: number, bytes: number): void {
+async function allocate(fd: number, bytes: number): Promise<void> {
   const zeros = new Uint8Array(Math.min(bytes, 1 << 20));
-  for (let at = 0; at < bytes;) at += fs.writeSync(fd, zeros, 0, Math.min(zeros.length, bytes - at), at);
+  for (let at = 0; at < bytes;) {
+    at += await new Promise<number>((resolve, reject) =>
+      fs.write(fd, zeros, 0, Math.min(zeros.length, bytes - at), at, (e, written) => (e ? reject(e) : resolve(written)))
+    );
+  }
 }
 
 /** One consumer's ring, owned by the server. */
@@ -44,15 +49,15 @@ export class RingFile {
   #closed = false;
 
   /**
-   * Creates the file (exclusively: a name left by a dead process is removed first) and writes its header.
+   * Creates the file (exclusively: a name left by a dead process is removed first), allocates
+   * its pages and writes its header.
    *
    * @param path where, under the shm directory
    * @param layout slot count and sizes
    * @param mapFile the runtime's file mapping, if it has one
+   * @throws {RingSpaceError} when the directory has no room for it
    */
-  constructor(path: string, layout: RingLayout, mapFile: MapFile | undefined) {
-    this.path = path;
-    this.layout = layout;
+  static async create(path: string, layout: RingLayout, mapFile: MapFile | undefined): Promise<RingFile> {
     let fd: number;
     try {
       try {
@@ -68,18 +73,24 @@ export class RingFile {
       if (code === "ENOSPC" || code === "EDQUOT") throw new RingSpaceError(path, layout.fileBytes);
       throw e;
     }
-    this.#fd = fd;
     try {
-      allocate(fd, layout.fileBytes);
+      await allocate(fd, layout.fileBytes);
       fs.writeSync(fd, encodeRingHeader(layout), 0, undefined, 0);
-      this.#map = mapFile?.(path, layout.fileBytes);
-      if (this.#map) this.#mapView = new DataView(this.#map.bytes.buffer, this.#map.bytes.byteOffset, this.#map.bytes.byteLength);
+      return new RingFile(path, layout, fd, mapFile?.(path, layout.fileBytes));
     } catch (e) {
       fs.closeSync(fd);
       fs.rmSync(path, { force: true });
       if ((e as NodeJS.ErrnoException).code === "ENOSPC") throw new RingSpaceError(path, layout.fileBytes);
       throw e;
     }
+  }
+
+  private constructor(path: string, layout: RingLayout, fd: number, map: ReturnType<MapFile> | undefined) {
+    this.path = path;
+    this.layout = layout;
+    this.#fd = fd;
+    this.#map = map;
+    if (map) this.#mapView = new DataView(map.bytes.buffer, map.bytes.byteOffset, map.bytes.byteLength);
   }
 
   /** Where slot `i`'s batch is assembled: the mapped slot itself, or the scratch buffer later copied in. */

@@ -432,14 +432,24 @@ class ShmConnection {
         refusal = `Shared-memory budget (--shm-bytes ${this.#o.budgetBytes}) is full; a ring of ${layout.fileBytes} bytes does not fit`;
         continue;
       }
+      let ring: RingFile;
       try {
-        this.#ring = new RingFile(path, layout, this.#o.mapFile);
-        break;
+        ring = await RingFile.create(path, layout, this.#o.mapFile);
       } catch (e) {
         this.#server.releaseRing(layout.fileBytes);
         if (!(e instanceof RingSpaceError)) throw e;
         refusal = `${e.message}: ${this.#o.dir} is full; grow it or lower --shm-bytes`;
+        continue;
       }
+      if (this.#closed) {
+        // The peer left (or the server is stopping) while the pages were written: `end()` has
+        // run and did not see this ring.
+        ring.close();
+        this.#server.releaseRing(layout.fileBytes);
+        return;
+      }
+      this.#ring = ring;
+      break;
     }
     if (!this.#ring) {
       // SHM_FULL: the SDK falls back to HTTP for this consumer.
