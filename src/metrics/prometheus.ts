@@ -162,6 +162,8 @@ export class Metrics {
       src.origins().map((o) => [{ origin: o.name }, o.active] as Sample));
     gauge("rackfeed_origin_queued_requests", "Origin requests waiting for a slot", ["origin"], () =>
       src.origins().map((o) => [{ origin: o.name }, o.queued] as Sample));
+    gauge("rackfeed_origin_down", "1 while the origin is judged down (its last requests all failed): requests fail at once but one probe at a time", ["origin"], () =>
+      src.origins().map((o) => [{ origin: o.name }, o.down ? 1 : 0] as Sample));
     gauge("rackfeed_origin_concurrency_limit", "Origin reads allowed in flight now (halved when the origin throttles, regained gradually)", ["origin"], () =>
       src.origins().map((o) => [{ origin: o.name }, o.concurrencyLimit] as Sample));
     gauge("rackfeed_origin_concurrency_ceiling", "What the read limit may grow to now: reads in flight that sustain --origin-target-bandwidth at the measured latency and bandwidth", ["origin"], () =>

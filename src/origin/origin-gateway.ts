@@ -1,7 +1,7 @@
 /** @module How the cache talks to one origin: bounded concurrency, a short-lived metadata cache, and counters per decision. */
 
 import { LRUCache } from "lru-cache";
-import { isCacheServerError } from "../errors.ts";
+import { isCacheServerError, OriginError } from "../errors.ts";
 import { ConcurrencyLimiter } from "./limiter.ts";
 import { PartSizer } from "./part-sizer.ts";
 import type { ListedObject, ObjectInfo, Origin } from "./origin.ts";
@@ -32,6 +32,8 @@ export interface OriginStats {
   readonly concurrencyCeiling: number;
   /** Throttled attempts reported by the origin. */
   readonly throttled: number;
+  /** Whether the origin is judged down (its last requests all failed; see `OriginGateway`). */
+  readonly down: boolean;
   /** Origin read size now, and what it comes from (remote origins with adaptive parts). */
   readonly partBytes?: number;
   readonly firstByteSeconds?: number;
@@ -93,6 +95,14 @@ export class OriginGateway {
   #throttled = 0;
   #lastCut = -Infinity;
   #sinceRaise = 0;
+  /** Requests in a row that failed for good with the origin down or silent; a success resets it. */
+  #failuresInRow = 0;
+  /** While the origin is judged down: the error queued and new requests get. */
+  #down: OriginError | undefined;
+  /** Aborted when the origin goes down: requests waiting for a slot leave the queue at once. */
+  #queueGate = new AbortController();
+  /** While down, one request at a time goes to the origin to see whether it is back. */
+  #probing = false;
 
   /**
    * @param origin the origin to wrap
@@ -216,6 +226,7 @@ export class OriginGateway {
       concurrencyLimit: this.#limiter.concurrency,
       concurrencyCeiling: this.#ceiling(),
       throttled: this.#throttled,
+      down: this.#down !== undefined,
       ...(parts ? { partBytes: parts.partBytes, firstByteSeconds: parts.firstByteSeconds, streamBytesPerSecond: parts.bytesPerSecond } : {}),
     };
   }
@@ -269,19 +280,52 @@ export class OriginGateway {
     return Math.min(this.#maxConcurrency, Math.max(this.#minCeiling, needed));
   }
 
+  /**
+   * Runs one origin request in a slot. Circuit breaking: once as many requests in a row as there
+   * are slots have failed for good (origin refusing or silent, after the origin's own retries),
+   * the origin is judged down. Requests queued behind those would each wait for a slot and then
+   * the whole retry bound again, so they fail at once with the last error instead; new ones do
+   * too, except one at a time, which goes to the origin as a probe. The first success ends it.
+   */
   async #count<T>(op: "stat" | "read" | "list", fn: () => Promise<T>, background = false, group?: AbortController, promote?: AbortSignal): Promise<T> {
-    return await this.#limiter.run(async () => {
-      this.#requests[op]++;
-      try {
-        return await fn();
-      } catch (e) {
-        // A read cancelled with its group (another part failed) is not an origin error.
-        if (group?.signal.aborted) throw e;
-        if (!(isCacheServerError(e) && e.code === "OBJECT_NOT_FOUND")) this.#errors++;
-        // Here, inside the slot: once it is released the next in line starts at once.
-        group?.abort(e);
-        throw e;
-      }
-    }, { background, signal: group?.signal, promote });
+    let probe = false;
+    if (this.#down) {
+      if (this.#probing) throw this.#down;
+      this.#probing = probe = true;
+    }
+    const gate = this.#queueGate.signal;
+    try {
+      return await this.#limiter.run(async () => {
+        this.#requests[op]++;
+        try {
+          const result = await fn();
+          this.#failuresInRow = 0;
+          this.#down = undefined;
+          return result;
+        } catch (e) {
+          // A read cancelled with its group (another part failed) is not an origin error.
+          if (group?.signal.aborted) throw e;
+          if (!(isCacheServerError(e) && e.code === "OBJECT_NOT_FOUND")) this.#errors++;
+          if (e instanceof OriginError && (e.code === "ORIGIN_UNAVAILABLE" || e.code === "ORIGIN_TIMEOUT")) this.#failed(e);
+          // Here, inside the slot: once it is released the next in line starts at once.
+          group?.abort(e);
+          throw e;
+        }
+      }, { background, signal: group ? AbortSignal.any([group.signal, gate]) : gate, promote });
+    } finally {
+      if (probe) this.#probing = false;
+    }
+  }
+
+  #failed(e: OriginError): void {
+    if (++this.#failuresInRow < Math.max(2, this.#limiter.concurrency) || this.#down) return;
+    this.#down = new OriginError(
+      e.code,
+      `Origin "${this.name}" is down: its last ${this.#failuresInRow} requests failed (the last: ${e.message}); ` +
+        `requests fail at once while one at a time tries it again`,
+    );
+    const gate = this.#queueGate;
+    this.#queueGate = new AbortController();
+    gate.abort(this.#down);
   }
 }

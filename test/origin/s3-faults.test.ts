@@ -283,4 +283,28 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
     expect(ms).toBeLessThan(worstCaseMs({ retries: 1, baseMs: 10, capMs: 100 }, 200) + 2000);
     expect(await rf.metric("rackfeed_origin_timeouts_total", { origin: "s3" })).toBe(2);
   });
+
+  it("fails the requests queued behind a silent origin at once when it is judged down, tries it one at a time, and serves again when it answers", async () => {
+    let silent = true;
+    const p = await proxy(() => (silent ? { kind: "stall", afterBytes: 0 } : { kind: "pass" }));
+    const rf = await startBehind(p.url, ["--origin-timeout", "300ms", "--origin-retries", "0", "--origin-concurrency", "2"]);
+    // Twelve requests for twelve objects: two take the origin's two slots and time out; the ten
+    // queued behind them would each have waited for a slot and then timed out in turn.
+    const answers = await Promise.all(Array.from({ length: 12 }, async (_, k) => {
+      const res = await fetch(`${rf.url}/v1/objects/s3/k${k}.bin`);
+      return { status: res.status, body: await res.json() };
+    }));
+    expect(answers.map((a) => a.status)).toEqual(Array(12).fill(504));
+    const down = answers.filter((a) => /is down: its last 2 requests failed/.test(a.body.message));
+    expect(down.length).toBeGreaterThanOrEqual(9);
+    expect(down[0].body.message).toMatch(/^Origin "s3" is down: its last 2 requests failed \(the last: Origin "s3" failed stat "k\d+\.bin": no answer within 300 ms \(1 attempts?\)\); requests fail at once while one at a time tries it again$/);
+    expect(await rf.metric("rackfeed_origin_requests_total", { origin: "s3", op: "stat" })).toBeLessThanOrEqual(3);
+    expect(await rf.metric("rackfeed_origin_down", { origin: "s3" })).toBe(1);
+    // The origin answers again: the next request goes to it, and the origin is up.
+    silent = false;
+    const back = await fetch(`${rf.url}/v1/objects/s3/obj.bin`);
+    expect(back.status).toBe(200);
+    expectSameBytes(new Uint8Array(await back.arrayBuffer()), data, "obj.bin after the origin came back");
+    expect(await rf.metric("rackfeed_origin_down", { origin: "s3" })).toBe(0);
+  });
 });
