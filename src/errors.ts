@@ -53,7 +53,24 @@ export class CacheServerError extends Error {
 }
 
 /** An origin (filesystem, S3) failed, timed out, or said the object is missing or changed. */
-export class OriginError extends CacheServerError {}
+export class OriginError extends CacheServerError {
+  /**
+   * Whether the failure says the origin itself cannot be reached (no answer in time, connections
+   * refused, server errors after retries), rather than something about this one request (a
+   * forbidden key, a name too long): only the former count towards judging the origin down.
+   */
+  readonly unreachable: boolean;
+
+  /**
+   * @param code the reason
+   * @param message a sentence that names the origin, the object and what went wrong
+   * @param options as `CacheServerError`'s, and `unreachable` (default false)
+   */
+  constructor(code: ErrorCode, message: string, options: { cause?: unknown; headers?: Record<string, string>; unreachable?: boolean } = {}) {
+    super(code, message, options);
+    this.unreachable = options.unreachable ?? false;
+  }
+}
 
 /** A byte range, sample or step lies outside what exists. */
 export class RangeNotSatisfiableError extends CacheServerError {

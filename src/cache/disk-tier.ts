@@ -190,6 +190,8 @@ export class DiskTier {
   readonly #pending = new Map<string, Promise<void>>();
   #bytes = 0;
   #reserved = 0;
+  /** Bytes of temporary block files written whole and not yet renamed into place (or removed). */
+  #landed = 0;
   #evictions = 0;
   #writes = 0;
   #writesSkipped = 0;
@@ -509,6 +511,7 @@ export class DiskTier {
     // Reserve the space first so that concurrent writes cannot together overshoot the budget.
     this.#reserved += fileBytes;
     let failed = false;
+    let landed = false;
     const name = createHash("sha256").update(keyBytes).digest("hex");
     const path = `${this.#dir}/blocks/${name.slice(0, 2)}/${name}.blk`;
     const tmp = `${this.#dir}/tmp/${name}.${randomBytes(6).toString("hex")}.tmp`;
@@ -528,6 +531,8 @@ export class DiskTier {
           // Only a full file system stops a write to a regular file short.
           throw Object.assign(new Error(`Short write: ${bytesWritten} of ${header.length + payload.length} bytes`), { code: "ENOSPC" });
         }
+        this.#landed += fileBytes;
+        landed = true;
       } finally {
         await fh.close();
       }
@@ -536,10 +541,14 @@ export class DiskTier {
       await rename(tmp, path);
       this.#index.set(key, { path, fileBytes });
       this.#bytes += fileBytes;
+      this.#landed -= fileBytes;
+      landed = false;
       this.#writes++;
     } catch (e) {
       this.#writeErrors++;
       await unlink(tmp).catch(() => {});
+      if (landed) this.#landed -= fileBytes;
+      landed = false;
       // The reservation goes before the fit below, which counts the bytes held, not hoped for.
       this.#reserved -= fileBytes;
       failed = true;
@@ -608,10 +617,11 @@ export class DiskTier {
     let room: number;
     if (fs) {
       const headroom = Math.min(HEADROOM_MAX, Math.floor(fs.blocks * fs.bsize * 0.02));
-      // Writes in flight may have used some of the free space already: counted as if whole, so a
-      // check during a burst of writes does not take their bytes for others' and evict for them
-      // (an over-estimate is caught by the write that finds the disk full).
-      room = Math.max(0, this.#bytes + this.#reserved + fs.bavail * fs.bsize - headroom);
+      // Temporary files written whole but not yet in place are ours too: a check during a burst
+      // of writes must not take their bytes for others' and evict for them. Counting what is
+      // only reserved would count it twice (it is still free space). Writes half done make the
+      // room a little low, which costs at most an early eviction.
+      room = Math.max(0, this.#bytes + this.#landed + fs.bavail * fs.bsize - headroom);
     } else {
       room = full ? this.#bytes : this.#configuredBytes;
     }

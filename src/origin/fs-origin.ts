@@ -84,6 +84,7 @@ export class FsOrigin implements Origin {
           "ORIGIN_UNAVAILABLE",
           `Origin "${this.name}" has ${this.#hung} file calls under ${this.#root} hung past their deadline (a hung file system?); ` +
             `${what} is refused until they return`,
+          { unreachable: true },
         ),
       );
     }
@@ -99,7 +100,7 @@ export class FsOrigin implements Origin {
       timer = setTimeout(() => {
         late = true;
         this.#hung++;
-        reject(new OriginError("ORIGIN_TIMEOUT", `Origin "${this.name}" did not finish ${what} within ${ms} ms (a hung file system?)`));
+        reject(new OriginError("ORIGIN_TIMEOUT", `Origin "${this.name}" did not finish ${what} within ${ms} ms (a hung file system?)`, { unreachable: true }));
       }, ms);
     });
     op.catch(() => {}); // a call that fails after its deadline has nobody left to tell
@@ -214,7 +215,7 @@ export class FsOrigin implements Origin {
     this.#realRoot ??= realpath(this.#root).catch((e) => {
       this.#realRoot = undefined;
       // The root itself is gone (an NFS mount that went away): the origin is down, not the object.
-      throw new OriginError("ORIGIN_UNAVAILABLE", `Origin "${this.name}" cannot reach its root ${this.#root}: ${(e as { code?: string }).code ?? (e as Error).message}`, { cause: e });
+      throw new OriginError("ORIGIN_UNAVAILABLE", `Origin "${this.name}" cannot reach its root ${this.#root}: ${(e as { code?: string }).code ?? (e as Error).message}`, { cause: e, unreachable: true });
     });
     return this.#realRoot;
   }
@@ -248,7 +249,7 @@ export class FsOrigin implements Origin {
       return new OriginError("OBJECT_NOT_FOUND", `Object "${key}" not found in origin "${this.name}"`, { cause: e });
     }
     if (code === "ETIMEDOUT") {
-      return new OriginError("ORIGIN_TIMEOUT", `Origin "${this.name}" timed out reading "${key}"`, { cause: e });
+      return new OriginError("ORIGIN_TIMEOUT", `Origin "${this.name}" timed out reading "${key}"`, { cause: e, unreachable: true });
     }
     return new OriginError(
       "ORIGIN_UNAVAILABLE",

@@ -45,14 +45,18 @@ export class ConcurrencyLimiter {
 
   /**
    * Runs `fn` when a slot is free. With `signal`, an operation nobody needs any more (it aborted)
-   * leaves the queue at once and never runs, so it cannot hold a slot that others wait for.
+   * leaves the queue at once and never runs, so it cannot hold a slot that others wait for;
+   * `gate` does the same for every operation waiting at once (an origin judged down). Both are
+   * listened to only while the operation waits: a long-lived gate collects no listeners.
    * @throws {OverloadedError} when the queue is full
-   * @throws the signal's reason when it aborts before `fn` starts
+   * @throws the reason of `signal` or `gate` when either aborts before `fn` starts
    */
-  async run<T>(fn: () => Promise<T>, opts: { background?: boolean; signal?: AbortSignal; promote?: AbortSignal } = {}): Promise<T> {
+  async run<T>(fn: () => Promise<T>, opts: { background?: boolean; signal?: AbortSignal; gate?: AbortSignal; promote?: AbortSignal } = {}): Promise<T> {
     const background = opts.background === true && !opts.promote?.aborted;
     const signal = opts.signal;
+    const gate = opts.gate;
     if (signal?.aborted) throw signal.reason;
+    if (gate?.aborted) throw gate.reason;
     if (this.#mayStart(background)) {
       this.#active++;
     } else {
@@ -62,13 +66,18 @@ export class ConcurrencyLimiter {
       // The slot is counted by #dispatch before the waiter resumes, so no arrival overtakes it.
       const queue = background ? this.#background : this.#queue;
       await new Promise<void>((resolve, reject) => {
-        const onAbort = () => {
+        const leave = (reason: unknown) => {
           const q = queue.includes(start) ? queue : this.#queue;
           const at = q.indexOf(start);
           if (at < 0) return; // already dispatched: its slot is taken and fn runs
           q.splice(at, 1);
-          reject(signal!.reason);
+          signal?.removeEventListener("abort", onAbort);
+          gate?.removeEventListener("abort", onGate);
+          opts.promote?.removeEventListener("abort", onPromote);
+          reject(reason);
         };
+        const onAbort = () => leave(signal!.reason);
+        const onGate = () => leave(gate!.reason);
         // A background read that a foreground reader came to need (it joined the block's fill)
         // moves to the foreground queue: otherwise it would wait for as long as foreground reads
         // keep coming, and so would that reader.
@@ -81,10 +90,12 @@ export class ConcurrencyLimiter {
         };
         const start = () => {
           signal?.removeEventListener("abort", onAbort);
+          gate?.removeEventListener("abort", onGate);
           opts.promote?.removeEventListener("abort", onPromote);
           resolve();
         };
         signal?.addEventListener("abort", onAbort, { once: true });
+        gate?.addEventListener("abort", onGate, { once: true });
         if (background) opts.promote?.addEventListener("abort", onPromote, { once: true });
         queue.push(start);
       });

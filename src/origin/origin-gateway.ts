@@ -282,10 +282,11 @@ export class OriginGateway {
 
   /**
    * Runs one origin request in a slot. Circuit breaking: once as many requests in a row as there
-   * are slots have failed for good (origin refusing or silent, after the origin's own retries),
-   * the origin is judged down. Requests queued behind those would each wait for a slot and then
-   * the whole retry bound again, so they fail at once with the last error instead; new ones do
-   * too, except one at a time, which goes to the origin as a probe. The first success ends it.
+   * are slots have failed for good with the origin out of reach (no answer, refused, server
+   * errors after the origin's own retries; not a forbidden key or a throttle, which are
+   * answers), the origin is judged down. Requests queued behind those would each wait for a slot
+   * and then the whole retry bound again, so they fail at once instead; new ones do too, except
+   * one at a time, which goes to the origin as a probe. Any answer from the origin ends it.
    */
   async #count<T>(op: "stat" | "read" | "list", fn: () => Promise<T>, background = false, group?: AbortController, promote?: AbortSignal): Promise<T> {
     let probe = false;
@@ -293,36 +294,43 @@ export class OriginGateway {
       if (this.#probing) throw this.#down;
       this.#probing = probe = true;
     }
-    const gate = this.#queueGate.signal;
     try {
       return await this.#limiter.run(async () => {
         this.#requests[op]++;
         try {
           const result = await fn();
-          this.#failuresInRow = 0;
-          this.#down = undefined;
+          this.#answered();
           return result;
         } catch (e) {
           // A read cancelled with its group (another part failed) is not an origin error.
           if (group?.signal.aborted) throw e;
           if (!(isCacheServerError(e) && e.code === "OBJECT_NOT_FOUND")) this.#errors++;
-          if (e instanceof OriginError && (e.code === "ORIGIN_UNAVAILABLE" || e.code === "ORIGIN_TIMEOUT")) this.#failed(e);
+          if (e instanceof OriginError && e.unreachable) this.#unreachable(e);
+          else this.#answered();
           // Here, inside the slot: once it is released the next in line starts at once.
           group?.abort(e);
           throw e;
         }
-      }, { background, signal: group ? AbortSignal.any([group.signal, gate]) : gate, promote });
+      }, { background, signal: group?.signal, gate: this.#queueGate.signal, promote });
     } finally {
       if (probe) this.#probing = false;
     }
   }
 
-  #failed(e: OriginError): void {
+  /** The origin answered (an object, or that it is missing or changed, or forbidden): it is up. */
+  #answered(): void {
+    this.#failuresInRow = 0;
+    this.#down = undefined;
+  }
+
+  #unreachable(e: OriginError): void {
     if (++this.#failuresInRow < Math.max(2, this.#limiter.concurrency) || this.#down) return;
+    // Another request's key stays out of the message: it goes to every client while down.
     this.#down = new OriginError(
       e.code,
-      `Origin "${this.name}" is down: its last ${this.#failuresInRow} requests failed (the last: ${e.message}); ` +
-        `requests fail at once while one at a time tries it again`,
+      `Origin "${this.name}" is down: its last ${this.#failuresInRow} requests ` +
+        `${e.code === "ORIGIN_TIMEOUT" ? "got no answer in time" : "could not reach it"}; requests fail at once while one at a time tries it again`,
+      { unreachable: true },
     );
     const gate = this.#queueGate;
     this.#queueGate = new AbortController();

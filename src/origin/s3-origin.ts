@@ -242,7 +242,9 @@ export class S3Origin implements Origin {
           timeout ? "ORIGIN_TIMEOUT" : "ORIGIN_UNAVAILABLE",
           `Origin "${this.name}" failed ${what}: ${failure.detail}` +
             (failure.kind === "retry" ? ` (${attempts} attempt${attempts === 1 ? "" : "s"})` : ""),
-          { cause: failure.error },
+          // Retries spent on silence, refusals or server errors: the store is out of reach. A
+          // store that throttles or refuses this one request (403, 400) is answering.
+          { cause: failure.error, unreachable: failure.kind === "retry" && !isThrottle(failure.error) },
         );
       }
       this.#stats.retries++;

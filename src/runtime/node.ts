@@ -74,7 +74,9 @@ export function listenNode(
   // timeouts) is started here as `listen` would start it.
   h1.emit("listening");
   if (tls) {
-    server = http2.createSecureServer({ ...h2Options, cert: tls.cert, key: tls.key, allowHTTP1: true }, listener);
+    // A TLS connection that never finishes its handshake is cut after the idle time too (Node's
+    // default is 120 s), like a cleartext one that never sends a byte.
+    server = http2.createSecureServer({ ...h2Options, cert: tls.cert, key: tls.key, allowHTTP1: true, handshakeTimeout: idleMs }, listener);
     server.on("session", track);
   } else {
     const h2 = http2.createServer(h2Options, listener);

@@ -27,9 +27,10 @@ export class RingSpaceError extends Error {
  * instead of returning ENOSPC. The writes run on the runtime's I/O threads, a MiB at a time: a
  * ring of a GiB or two took the event loop (every other consumer's batches) for seconds.
  */
-async function allocate(fd: number, bytes: number): Promise<void> {
+async function allocate(fd: number, bytes: number, signal: AbortSignal | undefined): Promise<void> {
   const zeros = new Uint8Array(Math.min(bytes, 1 << 20));
   for (let at = 0; at < bytes;) {
+    signal?.throwIfAborted();
     at += await new Promise<number>((resolve, reject) =>
       fs.write(fd, zeros, 0, Math.min(zeros.length, bytes - at), at, (e, written) => (e ? reject(e) : resolve(written)))
     );
@@ -55,9 +56,11 @@ export class RingFile {
    * @param path where, under the shm directory
    * @param layout slot count and sizes
    * @param mapFile the runtime's file mapping, if it has one
+   * @param signal stops the allocation (the peer left, the server stops): the file is removed
    * @throws {RingSpaceError} when the directory has no room for it
+   * @throws the signal's reason when it aborts first
    */
-  static async create(path: string, layout: RingLayout, mapFile: MapFile | undefined): Promise<RingFile> {
+  static async create(path: string, layout: RingLayout, mapFile: MapFile | undefined, signal?: AbortSignal): Promise<RingFile> {
     let fd: number;
     try {
       try {
@@ -74,7 +77,7 @@ export class RingFile {
       throw e;
     }
     try {
-      await allocate(fd, layout.fileBytes);
+      await allocate(fd, layout.fileBytes, signal);
       fs.writeSync(fd, encodeRingHeader(layout), 0, undefined, 0);
       return new RingFile(path, layout, fd, mapFile?.(path, layout.fileBytes));
     } catch (e) {

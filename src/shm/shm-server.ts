@@ -191,7 +191,11 @@ export class ShmServer {
   /** Stops listening, ends every connection (their rings are removed) and removes the socket. */
   async close(): Promise<void> {
     const closed = new Promise<void>((r) => this.#server.close(() => r()));
-    await Promise.all([...this.#conns].map((c) => c.end()));
+    const conns = [...this.#conns];
+    await Promise.all(conns.map((c) => c.end()));
+    // A ring being allocated stops between two writes and removes its file: wait for that, so no
+    // ring file outlives the process (an exit follows shutdown at once).
+    await Promise.all(conns.map((c) => c.opened()));
     await closed;
     fs.rmSync(this.#opts.socketPath, { force: true });
   }
@@ -240,6 +244,10 @@ class ShmConnection {
   #pump: Promise<void> | undefined;
   /** Whether the peer has asked for its consumer (`open`), however that ended. */
   #opened = false;
+  /** Stops a ring's allocation in progress (`end()`), so no half-written ring outlives the connection. */
+  #creating: AbortController | undefined;
+  /** Settles when `#open` has finished (its ring made, refused or given up). */
+  #opening: Promise<void> | undefined;
   /** Messages are handled one at a time, in order: `open` awaits the catalog. */
   #queue: Promise<void> = Promise.resolve();
 
@@ -272,6 +280,11 @@ class ShmConnection {
     });
   }
 
+  /** Waits for an `open` in progress to finish (its ring made, refused or stopped). */
+  opened(): Promise<void> {
+    return (this.#opening ?? Promise.resolve()).catch(() => {});
+  }
+
   get hasRing(): boolean {
     return this.#ring !== undefined;
   }
@@ -282,6 +295,7 @@ class ShmConnection {
    * @param graceful let frames already written (an error) reach the client before the socket closes
    */
   async end(graceful = false): Promise<void> {
+    this.#creating?.abort();
     if (!this.#closed) {
       this.#flush(); // notices already due go out before an error frame and the close
       this.#closed = true;
@@ -393,7 +407,7 @@ class ShmConnection {
       this.#send({ t: "welcome", version: SHM_PROTOCOL_VERSION, instance: this.#o.instance });
       return;
     }
-    if (m.t === "open") return await this.#open(m);
+    if (m.t === "open") return await (this.#opening = this.#open(m));
     if (m.t === "release") return this.#release(m);
     if (m.t === "wait") return this.#wait(m);
     throw new ShmProtocolError(`Unknown message "${String(m.t)}": expected open, release or wait`);
@@ -433,10 +447,12 @@ class ShmConnection {
         continue;
       }
       let ring: RingFile;
+      const creating = (this.#creating = new AbortController());
       try {
-        ring = await RingFile.create(path, layout, this.#o.mapFile);
+        ring = await RingFile.create(path, layout, this.#o.mapFile, creating.signal);
       } catch (e) {
         this.#server.releaseRing(layout.fileBytes);
+        if (creating.signal.aborted) return; // `end()` stopped it, and the file is gone
         if (!(e instanceof RingSpaceError)) throw e;
         refusal = `${e.message}: ${this.#o.dir} is full; grow it or lower --shm-bytes`;
         continue;

@@ -1,3 +1,7 @@
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import * as http2 from "node:http2";
 import * as net from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -23,10 +27,10 @@ afterAll(async () => {
 });
 
 /** Milliseconds until the server closes a connection that sends `bytes` (Infinity: still open after `waitMs`). */
-function closedAfter(bytes: string, waitMs: number): Promise<number> {
+function closedAfter(bytes: string, waitMs: number, to = port): Promise<number> {
   return new Promise((resolve) => {
     const t0 = performance.now();
-    const s = net.connect(port, "127.0.0.1", () => {
+    const s = net.connect(to, "127.0.0.1", () => {
       if (bytes) s.write(bytes);
     });
     const timer = setTimeout(() => {
@@ -69,6 +73,28 @@ describe("Node listener: connections without a request", () => {
     const ms = await Promise.race([closed, new Promise<number>((r) => setTimeout(() => r(Infinity), 5000))]);
     expect(ms).toBeLessThan(5000);
     session.destroy();
+  });
+
+  it("closes a TLS connection that never completes its handshake after the idle time too", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "rackfeed-tls-idle-"));
+    try {
+      execFileSync("openssl", [
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", join(dir, "key.pem"), "-out", join(dir, "cert.pem"), "-days", "1",
+        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+      ], { stdio: "ignore" });
+      const tlsListener = await listenNode(() => new Response("ok"), { hostname: "127.0.0.1", port: 0 }, {
+        cert: readFileSync(join(dir, "cert.pem"), "utf8"),
+        key: readFileSync(join(dir, "key.pem"), "utf8"),
+      }, { idleMs: IDLE_MS });
+      try {
+        const ms = await closedAfter("", 5000, Number(new URL(tlsListener.url).port));
+        expect(ms).toBeLessThan(3000); // Node's own handshake timeout is 120 s
+      } finally {
+        await tlsListener.close();
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it("still serves HTTP/1.1 requests that arrive in time", async () => {

@@ -3,7 +3,9 @@ import { closeSync, constants, mkdirSync, mkdtempSync, openSync, rmSync, writeFi
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { OriginError } from "../../src/errors.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
+import { OriginGateway } from "../../src/origin/origin-gateway.ts";
 import type { ObjectInfo } from "../../src/origin/origin.ts";
 
 let dir: string;
@@ -105,3 +107,20 @@ describe("FsOrigin whose root goes away", () => {
     }
   });
 });
+
+describe("a files origin's answers to one request", () => {
+  it("do not judge the origin down: keys the file system refuses (a name too long) fail alone, and the others are served", async () => {
+    const root = mkdtempSync(join(tmpdir(), "rf-root-"));
+    writeFileSync(join(root, "good.bin"), "good");
+    const gw = new OriginGateway(new FsOrigin({ name: "data", root, timeoutMs: 1000 }), { concurrency: 2, maxQueue: 64, metadataTtl: 0 });
+    try {
+      const bad = await Promise.all(Array.from({ length: 8 }, (_, k) => gw.stat(`${String(k).repeat(300)}.bin`).then(() => "ok", (e) => (e as OriginError).code)));
+      expect(bad).toEqual(Array(8).fill("ORIGIN_UNAVAILABLE")); // ENAMETOOLONG: about this key only
+      expect(gw.stats().down).toBe(false);
+      expect((await gw.stat("good.bin")).size).toBe(4);
+    } finally {
+      rmSync(root, { recursive: true, force: true });
+    }
+  });
+});
+

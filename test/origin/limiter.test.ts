@@ -1,3 +1,4 @@
+import { getEventListeners } from "node:events";
 import { describe, expect, it } from "vitest";
 import { OverloadedError } from "../../src/errors.ts";
 import { ConcurrencyLimiter } from "../../src/origin/limiter.ts";
@@ -140,5 +141,24 @@ describe("ConcurrencyLimiter promotion", () => {
       g.open();
       await Promise.all([...bg, op]);
     }
+  });
+});
+
+describe("ConcurrencyLimiter gate", () => {
+  it("empties the queue when the gate aborts, and leaves no listener on a long-lived gate", async () => {
+    const limiter = new ConcurrencyLimiter({ concurrency: 1, maxQueue: 1000, what: "test" });
+    const gate = new AbortController();
+    // Many operations queue and run one by one: every listener they put on the gate goes again.
+    await Promise.all(Array.from({ length: 200 }, () => limiter.run(() => new Promise((r) => setTimeout(r, 0)), { gate: gate.signal })));
+    expect(getEventListeners(gate.signal, "abort")).toHaveLength(0);
+    // Then one runs and three wait: aborting the gate sends the three away with its reason.
+    let release!: () => void;
+    const running = limiter.run(() => new Promise<void>((r) => (release = r)), { gate: gate.signal });
+    const waiting = [1, 2, 3].map(() => limiter.run(() => Promise.resolve("ran"), { gate: gate.signal }).catch((e) => (e as Error).message));
+    gate.abort(new Error("origin down"));
+    expect(await Promise.all(waiting)).toEqual(["origin down", "origin down", "origin down"]);
+    release();
+    await running;
+    expect(limiter.stats()).toMatchObject({ active: 0, queued: 0 });
   });
 });

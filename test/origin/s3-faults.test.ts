@@ -295,9 +295,9 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
       return { status: res.status, body: await res.json() };
     }));
     expect(answers.map((a) => a.status)).toEqual(Array(12).fill(504));
-    const down = answers.filter((a) => /is down: its last 2 requests failed/.test(a.body.message));
+    const down = answers.filter((a) => /is down/.test(a.body.message));
     expect(down.length).toBeGreaterThanOrEqual(9);
-    expect(down[0].body.message).toMatch(/^Origin "s3" is down: its last 2 requests failed \(the last: Origin "s3" failed stat "k\d+\.bin": no answer within 300 ms \(1 attempts?\)\); requests fail at once while one at a time tries it again$/);
+    expect(down[0].body.message).toBe('Origin "s3" is down: its last 2 requests got no answer in time; requests fail at once while one at a time tries it again');
     expect(await rf.metric("rackfeed_origin_requests_total", { origin: "s3", op: "stat" })).toBeLessThanOrEqual(3);
     expect(await rf.metric("rackfeed_origin_down", { origin: "s3" })).toBe(1);
     // The origin answers again: the next request goes to it, and the origin is up.
