@@ -1,5 +1,6 @@
 /** @module How the cache talks to one origin: bounded concurrency, a short-lived metadata cache, and counters per decision. */
 
+import { setMaxListeners } from "node:events";
 import { LRUCache } from "lru-cache";
 import { isCacheServerError, OriginError } from "../errors.ts";
 import { ConcurrencyLimiter } from "./limiter.ts";
@@ -100,7 +101,7 @@ export class OriginGateway {
   /** While the origin is judged down: the error queued and new requests get. */
   #down: OriginError | undefined;
   /** Aborted when the origin goes down: requests waiting for a slot leave the queue at once. */
-  #queueGate = new AbortController();
+  #queueGate = queueGate();
   /** While down, one request at a time goes to the origin to see whether it is back. */
   #probing = false;
 
@@ -333,7 +334,17 @@ export class OriginGateway {
       { unreachable: true },
     );
     const gate = this.#queueGate;
-    this.#queueGate = new AbortController();
+    this.#queueGate = queueGate();
     gate.abort(this.#down);
   }
+}
+
+/**
+ * The breaker's gate: every request waiting for a slot listens to it (thousands, within
+ * `--origin-queue`), which is not the leak Node's warning past 10 listeners is about.
+ */
+function queueGate(): AbortController {
+  const gate = new AbortController();
+  setMaxListeners(0, gate.signal);
+  return gate;
 }

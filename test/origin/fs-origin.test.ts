@@ -109,6 +109,24 @@ describe("FsOrigin whose root goes away", () => {
 });
 
 describe("a files origin's answers to one request", () => {
+  it("lets hundreds of requests wait for a slot without Node warning of an abort-listener leak", async () => {
+    const root = mkdtempSync(join(tmpdir(), "rf-root-"));
+    writeFileSync(join(root, "a.bin"), "a");
+    const warnings: string[] = [];
+    const onWarning = (w: Error) => warnings.push(w.name);
+    process.on("warning", onWarning);
+    try {
+      const gw = new OriginGateway(new FsOrigin({ name: "data", root }), { concurrency: 1, maxQueue: 1000, metadataTtl: 0 });
+      const info = await gw.stat("a.bin");
+      await Promise.all(Array.from({ length: 300 }, () => gw.read("a.bin", info, 0, new Uint8Array(1))));
+      await new Promise((r) => setTimeout(r, 10)); // warnings are emitted on a later tick
+      expect(warnings).not.toContain("MaxListenersExceededWarning");
+    } finally {
+      process.off("warning", onWarning);
+      rmSync(root, { recursive: true, force: true });
+    }
+  });
+
   it("do not judge the origin down: keys the file system refuses (a name too long) fail alone, and the others are served", async () => {
     const root = mkdtempSync(join(tmpdir(), "rf-root-"));
     writeFileSync(join(root, "good.bin"), "good");
