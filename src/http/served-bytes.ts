@@ -31,14 +31,24 @@ export function pullStream(
   source: AsyncGenerator<Uint8Array, void, undefined>,
   onChunk: (n: number) => void,
 ): ReadableStream<Uint8Array> {
+  let sent = 0;
   return new ReadableStream<Uint8Array>(
     {
       async pull(ctrl) {
-        const r = await source.next();
+        let r: IteratorResult<Uint8Array, void>;
+        try {
+          r = await source.next();
+        } catch (e) {
+          // The headers are out, so the body can only be cut. Both runtimes log the stream's error
+          // with its stack and every cause (the AWS SDK's: ~40 lines per cut body): one line says it.
+          ctrl.error(bodyCut(sent, e));
+          return;
+        }
         if (r.done) {
           ctrl.close();
           return;
         }
+        sent += r.value.length;
         onChunk(r.value.length);
         ctrl.enqueue(r.value);
       },
@@ -57,4 +67,12 @@ export function pullStream(
 export function httpTransport(env: unknown): "http1" | "http2" {
   const e = env as { incoming?: { httpVersionMajor?: number }; httpVersion?: string } | undefined;
   return e?.incoming?.httpVersionMajor === 2 || e?.httpVersion === "2" ? "http2" : "http1";
+}
+
+/** The error a cut body ends with: one line, naming how far it got and why. */
+function bodyCut(sent: number, cause: unknown): Error {
+  const why = cause instanceof Error ? cause.message : String(cause);
+  const e = new Error(`rackfeed: response body cut after ${sent} bytes: ${why}`);
+  e.stack = e.message; // what the runtimes print: this line alone
+  return e;
 }
