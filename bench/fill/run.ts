@@ -3,7 +3,9 @@
 // Origin: the real S3 server of the tests (Ceph RGW, scripts/s3/start-rgw.sh) behind the
 // loopback fault proxy (test/helpers/fault-proxy.ts) adding BENCH_LATENCY_MS (20) to every
 // request and, with BENCH_CONN_MBPS > 0, capping each response at that many MB/s (a model of
-// S3's per-connection bandwidth; 0 = no cap). Data: one 1 GiB object and 16 × 64 MiB shards.
+// S3's per-connection bandwidth; 0 = no cap) and, with BENCH_LINK_MBPS > 0, all responses together
+// at that many MB/s (a model of the origin's link, shared by every connection: what "the origin's
+// capacity" means for a real S3 bucket seen from one host). Data: one 1 GiB object and 16 × 64 MiB shards.
 //
 // Per repetition, interleaved (so drift and neighbours hit all alike), for each data set:
 //   single  one connection, plain SDK GETs of the whole object(s), one after another;
@@ -20,7 +22,7 @@
 //
 // Run from the repo root (root needed to start RGW the first time):
 //   node --import tsx bench/fill/run.ts            # prints a Markdown table, saves bench/.out/fill.md
-// Knobs: BENCH_PIN BENCH_SRC (rackfeed sources to run, default this checkout) BENCH_REPS BENCH_LATENCY_MS BENCH_CONN_MBPS BENCH_PARALLEL BENCH_RUNTIMES=node,deno
+// Knobs: BENCH_PIN BENCH_SRC (rackfeed sources to run, default this checkout) BENCH_REPS BENCH_LATENCY_MS BENCH_CONN_MBPS BENCH_LINK_MBPS BENCH_PARALLEL BENCH_RUNTIMES=node,deno
 //        BENCH_ARGS="--origin-concurrency 32" (extra rackfeed serve flags)
 //        BENCH_NODE_FLAGS="--cpu-prof --cpu-prof-dir=/tmp/prof" (extra node flags of the Node server)
 
@@ -38,6 +40,7 @@ const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 const REPS = Number(process.env.BENCH_REPS ?? 3);
 const LATENCY = Number(process.env.BENCH_LATENCY_MS ?? 20);
 const CONN_MBPS = Number(process.env.BENCH_CONN_MBPS ?? 0);
+const LINK_MBPS = Number(process.env.BENCH_LINK_MBPS ?? 0);
 const PARALLEL = Number(process.env.BENCH_PARALLEL ?? 32);
 const RUNTIMES = (process.env.BENCH_RUNTIMES ?? "node,deno").split(",").filter(Boolean);
 const EXTRA = (process.env.BENCH_ARGS ?? "").split(" ").filter(Boolean);
@@ -219,8 +222,10 @@ const rgwPids = () =>
 
 /** The proxy: in this process, or pinned with the origin in a child (BENCH_PIN). */
 async function startProxy(): Promise<{ url: string; close: () => Promise<void> }> {
-  if (!PIN) return await startFaultProxy(env.S3_ENDPOINT, latency(LATENCY, CONN_MBPS > 0 ? CONN_MBPS * 1e6 : undefined));
-  const child = spawn("taskset", ["-c", "0", process.execPath, "--import", "tsx", `${ROOT}bench/fill/proxy.ts`, env.S3_ENDPOINT, String(LATENCY), String(CONN_MBPS)], { cwd: ROOT, stdio: ["ignore", "pipe", "inherit"] });
+  if (!PIN) {
+    return await startFaultProxy(env.S3_ENDPOINT, latency(LATENCY, CONN_MBPS > 0 ? CONN_MBPS * 1e6 : undefined), LINK_MBPS > 0 ? { linkBytesPerSec: LINK_MBPS * 1e6 } : {});
+  }
+  const child = spawn("taskset", ["-c", "0", process.execPath, "--import", "tsx", `${ROOT}bench/fill/proxy.ts`, env.S3_ENDPOINT, String(LATENCY), String(CONN_MBPS), String(LINK_MBPS)], { cwd: ROOT, stdio: ["ignore", "pipe", "inherit"] });
   children.add(child);
   const url = await new Promise<string>((resolve, reject) => {
     let out = "";
@@ -244,7 +249,7 @@ if (PIN) {
   });
 }
 const proxy = await startProxy();
-console.error(`proxy ${proxy.url}: +${LATENCY} ms per request${CONN_MBPS ? `, ${CONN_MBPS} MB/s per response` : ""}`);
+console.error(`proxy ${proxy.url}: +${LATENCY} ms per request${CONN_MBPS ? `, ${CONN_MBPS} MB/s per response` : ""}${LINK_MBPS ? `, ${LINK_MBPS} MB/s for all responses together` : ""}`);
 const sets = [["1 GiB object", LARGE, 1], ["16 × 64 MiB shards", SHARDS, 4]] as const;
 const results: Record<string, Record<string, number[]>> = {};
 const notes: string[] = [];
@@ -278,7 +283,8 @@ direct.destroy();
 
 const lines = [
   `Origin: Ceph RGW 16 (memstore) on loopback behind the fault proxy, +${LATENCY} ms per request` +
-  (CONN_MBPS ? `, each response capped at ${CONN_MBPS} MB/s` : ", no bandwidth cap") +
+  (CONN_MBPS ? `, each response capped at ${CONN_MBPS} MB/s` : ", no per-response cap") +
+  (LINK_MBPS ? `, all responses together at ${LINK_MBPS} MB/s (the origin's link)` : ", no link cap") +
   (PIN ? "; origin (RGW + proxy) pinned to CPU 0, clients and rackfeed to CPU 1" : "") +
   `; rackfeed flags: defaults${EXTRA.length ? ` + ${EXTRA.join(" ")}` : ""}; ${REPS} repetitions, median (min–max), MB/s = 1e6 B/s.`,
   "",

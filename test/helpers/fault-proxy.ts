@@ -26,6 +26,15 @@ export type Fault =
 /** Decides the fault of each request: `n` counts requests from 1, `req` is the incoming request. */
 export type FaultRule = (n: number, req: IncomingMessage) => Fault;
 
+/** Settings of the proxy as a whole. */
+export interface FaultProxyOptions {
+  /**
+   * Bytes per second that all response bodies together may take (a model of the origin's link:
+   * a NIC or a bucket's aggregate bandwidth), shared first come, first served; unset = no cap.
+   */
+  readonly linkBytesPerSec?: number;
+}
+
 /** A running proxy. */
 export interface FaultProxy {
   /** `http://127.0.0.1:PORT` */
@@ -66,8 +75,12 @@ export function onceEach(pick: (req: IncomingMessage, n: number) => Fault | unde
  * @param rule the fault of each request (default: pass everything)
  * @returns the proxy
  */
-export async function startFaultProxy(upstream: string, rule: FaultRule = () => ({ kind: "pass" })): Promise<FaultProxy> {
+export async function startFaultProxy(upstream: string, rule: FaultRule = () => ({ kind: "pass" }), options: FaultProxyOptions = {}): Promise<FaultProxy> {
   const up = new URL(upstream);
+  const linkRate = options.linkBytesPerSec;
+  if (linkRate !== undefined && !(linkRate > 0)) throw new RangeError(`linkBytesPerSec must be > 0, got ${linkRate}`);
+  /** When the shared link has sent every byte handed to it so far (performance.now() ms). */
+  let linkFreeAt = 0;
   const sockets = new Set<Socket>();
   const counts = { requests: 0, faults: {} as Record<string, number>, inFlight: 0, maxInFlight: 0 };
   let current = rule;
@@ -83,14 +96,22 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
       { host: up.hostname, port: up.port, method: req.method, path: req.url, headers: req.headers },
       (upRes) => {
         res.writeHead(upRes.statusCode ?? 502, upRes.headers);
-        if (fault.kind === "delay" && fault.bytesPerSec) {
-          const rate = fault.bytesPerSec;
+        const rate = fault.kind === "delay" ? fault.bytesPerSec : undefined;
+        if (rate || (linkRate && (fault.kind === "delay" || fault.kind === "pass"))) {
           const t0 = performance.now();
           let paced = 0;
           upRes.on("data", (chunk: Buffer) => {
             res.write(chunk);
             paced += chunk.length;
-            const wait = t0 + (paced / rate) * 1000 - performance.now();
+            const now = performance.now();
+            // The chunk leaves when both its own connection (per-response cap) and the shared
+            // link (bytes of every response queued first) have room for it.
+            let until = rate ? t0 + (paced / rate) * 1000 : now;
+            if (linkRate) {
+              linkFreeAt = Math.max(linkFreeAt, now) + (chunk.length / linkRate) * 1000;
+              until = Math.max(until, linkFreeAt);
+            }
+            const wait = until - now;
             if (wait > 1) {
               upRes.pause();
               setTimeout(() => upRes.resume(), wait);
