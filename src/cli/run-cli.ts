@@ -43,6 +43,8 @@ export interface CliHost {
   readonly peers?: ServerEnv["peers"];
   /** See `ServerEnv.buildOffThread`. */
   readonly buildOffThread?: IndexBuilder;
+  /** See `ServerEnv.s3HttpAuto`. */
+  readonly s3HttpAuto?: ServerEnv["s3HttpAuto"];
   /** Where `prefetch --watch` draws its progress bar (stderr when it is a terminal). */
   readonly progressStream?: NodeJS.WritableStream;
 }
@@ -143,6 +145,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       mapFile: host.mapFile,
       peers: host.peers,
       buildOffThread: host.buildOffThread,
+      s3HttpAuto: host.s3HttpAuto,
     });
   } catch (e) {
     if (e instanceof DatasetStartupError || e instanceof CacheDirStartupError || e instanceof OriginStartupError) {

@@ -250,6 +250,14 @@ export const TUNABLES = {
     parse: factor(1.1, 100),
     doc: "S3: send a second GET for a part still running after this many times the median part time; 0 = never",
   } as Tunable<number>,
+  s3Http: {
+    key: "s3Http",
+    flag: "--s3-http",
+    env: "RACKFEED_S3_HTTP",
+    default: "auto",
+    parse: oneOf(["auto", "node", "fetch"]),
+    doc: "S3: the HTTP client of origin requests: node (node:http, a keep-alive pool sized to the concurrency), fetch (the runtime's fetch); auto = fetch on Deno (its node:http kept the sockets of aborted requests open), node on Node",
+  } as Tunable<"auto" | "node" | "fetch">,
   metadataTtl: {
     key: "metadataTtl",
     flag: "--metadata-ttl",

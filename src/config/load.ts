@@ -40,6 +40,7 @@ export interface Config {
   readonly originBackoff: number;
   readonly originBackoffMax: number;
   readonly originHedge: number;
+  readonly s3Http: "auto" | "node" | "fetch";
   readonly diskWriteQueue: number;
   readonly readAheadSeconds: number;
   readonly memoryEviction: "belady" | "lru";

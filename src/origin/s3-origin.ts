@@ -12,10 +12,14 @@ import {
   S3Client,
   type S3ClientConfig,
 } from "@aws-sdk/client-s3";
+import { FetchHttpHandler } from "@smithy/fetch-http-handler";
 import { isCacheServerError, OriginError } from "../errors.ts";
 import type { ReadTiming } from "./part-sizer.ts";
 import { type ListedObject, MIN_ORIGIN_BYTES_PER_S, type ObjectInfo, type Origin, type OriginRequestStats, readDeadlineMs } from "./origin.ts";
 import { backoffDelay, type RetryPolicy, sleep } from "./retry.ts";
+
+/** The HTTP client an S3 origin's requests go through (see `S3OriginOptions.http`). */
+export type S3Http = "node" | "fetch";
 
 /** Options of `S3Origin`. Everything not given comes from the AWS SDK's default chain. */
 export interface S3OriginOptions {
@@ -32,6 +36,12 @@ export interface S3OriginOptions {
   readonly forcePathStyle?: boolean;
   /** Static credentials (tests); default: the SDK chain (environment, profiles, SSO, IMDS, ...). */
   readonly credentials?: { readonly accessKeyId: string; readonly secretAccessKey: string; readonly sessionToken?: string };
+  /**
+   * The HTTP client of every request: `node` (node:http with a keep-alive pool sized to the
+   * concurrency, the SDK's default) or `fetch` (the runtime's own fetch and connection pool).
+   * Default `node`.
+   */
+  readonly http?: S3Http;
   /** Requests in flight this origin gets from the gateway at first; bounds hedges. */
   readonly concurrency: number;
   /** Most requests in flight the gateway's adaptive limit may allow (default `concurrency`); sizes the keep-alive pool. */
@@ -120,6 +130,9 @@ export class S3Origin implements Origin {
     }
     if (!(opts.timeoutMs > 0)) {
       throw new RangeError(`Cannot create S3Origin "${opts.name}": timeoutMs must be > 0, received ${opts.timeoutMs}`);
+    }
+    if (opts.http !== undefined && opts.http !== "node" && opts.http !== "fetch") {
+      throw new RangeError(`Cannot create S3Origin "${opts.name}": http must be "node" or "fetch", received ${JSON.stringify(opts.http)}`);
     }
     if (!Number.isSafeInteger(opts.concurrency) || opts.concurrency < 1) {
       throw new RangeError(`Cannot create S3Origin "${opts.name}": concurrency must be an integer >= 1, received ${opts.concurrency}`);
@@ -368,7 +381,7 @@ export class S3Origin implements Origin {
       { abortSignal: signal },
     );
     const firstByte = this.#now();
-    const body = out.Body as unknown as (AsyncIterable<Uint8Array> & { destroy?: (e?: Error) => void }) | undefined;
+    const body = bodyChunks(out.Body, signal);
     try {
       // Servers that ignore If-Match would answer with another version: check what came back.
       const total = /\/(\d+)$/.exec(out.ContentRange ?? "")?.[1];
@@ -378,24 +391,17 @@ export class S3Origin implements Origin {
       if (originEtag && out.ETag && out.ETag !== originEtag) throw new ChangedError(`ETag ${originEtag} -> ${out.ETag}`);
       if (!body) throw new ShortBodyError(0, dest.length);
       let at = 0;
-      const onAbort = () => body.destroy?.(signal.reason);
-      signal.addEventListener("abort", onAbort, { once: true });
-      try {
-        for await (const chunk of body) {
-          if (stopped()) return;
-          if (at + chunk.length > dest.length) throw new ShortBodyError(at + chunk.length, dest.length);
-          dest.set(chunk, at);
-          at += chunk.length;
-          progress();
-        }
-      } finally {
-        signal.removeEventListener("abort", onAbort);
+      for (let chunk = await body.next(); chunk !== undefined; chunk = await body.next()) {
+        if (stopped()) return;
+        if (at + chunk.length > dest.length) throw new ShortBodyError(at + chunk.length, dest.length);
+        dest.set(chunk, at);
+        at += chunk.length;
+        progress();
       }
       if (at !== dest.length && !stopped()) throw new ShortBodyError(at, dest.length);
       if (!stopped()) this.#readObserver?.({ bytes: dest.length, firstByteMs: firstByte - t0, totalMs: this.#now() - t0 });
-    } catch (e) {
-      body?.destroy?.();
-      throw e;
+    } finally {
+      body?.close();
     }
   }
 
@@ -411,6 +417,58 @@ export class S3Origin implements Origin {
     this.#recent[this.#recentNext] = { ms, bytes };
     this.#recentNext = (this.#recentNext + 1) % HEDGE_WINDOW;
   }
+}
+
+/** A response body read chunk by chunk, that ends when its signal aborts (see `bodyChunks`). */
+interface BodyChunks {
+  /** The next chunk; `undefined` at the end; rejects with the signal's reason once it aborts. */
+  next(): Promise<Uint8Array | undefined>;
+  /** Lets the body go (read whole or not): its connection is closed or given back. */
+  close(): void;
+}
+
+/**
+ * Wraps a GetObject body: node:http's Readable (ended by `destroy`) or fetch's ReadableStream
+ * (ended by its reader's `cancel`). A read waiting for a chunk rejects as soon as `signal`
+ * aborts, without waiting for the HTTP client to act on the abort: Deno's fetch, aborted while
+ * a body stalled, left the body's read pending for good (reads hung past every timeout in a
+ * fault soak), so a stall timeout must not depend on the client's cooperation.
+ */
+function bodyChunks(raw: unknown, signal: AbortSignal): BodyChunks | undefined {
+  if (!raw) return undefined;
+  const readable = raw as { destroy?: (e?: Error) => void; getReader?: () => ReadableStreamDefaultReader<Uint8Array> } & AsyncIterable<Uint8Array>;
+  const reader = typeof readable.getReader === "function" ? readable.getReader() : undefined;
+  const iterator = reader ? undefined : readable[Symbol.asyncIterator]();
+  let closed = false;
+  let ended = false;
+  const close = () => {
+    if (closed) return;
+    closed = true;
+    signal.removeEventListener("abort", onAbort);
+    // A body read to its end leaves its connection to the keep-alive pool; any other is cut.
+    if (ended) return;
+    if (reader) reader.cancel().catch(() => {});
+    else readable.destroy?.();
+  };
+  // One promise per body that rejects on abort; each read races it.
+  let rejectAborted: (reason: unknown) => void = () => {};
+  const aborted = new Promise<never>((_, reject) => (rejectAborted = reject));
+  aborted.catch(() => {});
+  const onAbort = () => {
+    rejectAborted(signal.reason);
+    close();
+  };
+  if (signal.aborted) onAbort();
+  else signal.addEventListener("abort", onAbort, { once: true });
+  return {
+    async next() {
+      const r = await Promise.race([reader ? reader.read() : iterator!.next(), aborted]);
+      if (!r.done) return r.value;
+      ended = true;
+      return undefined;
+    },
+    close,
+  };
 }
 
 class ChangedError extends Error {
@@ -494,7 +552,10 @@ function clientConfig(opts: S3OriginOptions, maxSockets: number): S3ClientConfig
     // Ranged GETs carry no full-object checksum, and the block cache checks sizes and ETags itself.
     requestChecksumCalculation: "WHEN_REQUIRED",
     responseChecksumValidation: "WHEN_REQUIRED",
-    // A keep-alive pool as large as the requests this origin may have in flight (hedges included).
-    requestHandler: { httpAgent: { keepAlive: true, maxSockets }, httpsAgent: { keepAlive: true, maxSockets } },
+    requestHandler: opts.http === "fetch"
+      // The runtime's fetch keeps its own pool; the gateway's limit bounds what is in flight.
+      ? new FetchHttpHandler()
+      // A keep-alive pool as large as the requests this origin may have in flight (hedges included).
+      : { httpAgent: { keepAlive: true, maxSockets }, httpsAgent: { keepAlive: true, maxSockets } },
   } as S3ClientConfig;
 }

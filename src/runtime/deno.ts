@@ -186,6 +186,9 @@ export function denoHost(): CliHost {
     lockFile: lockFileDeno,
     memoryLimit: () => hostMemoryLimit(),
     buildOffThread: workerIndexBuilder("deno"),
+    // Deno's node:http client left sockets of aborted S3 requests open (fds grew under origin
+    // faults, bench/RESULTS.md "S3 origin soak"); its own fetch closes them.
+    s3HttpAuto: "fetch",
     // Getters: libc is opened only by commands that serve shm.
     get mapFile() {
       return canMapDeno() ? (path: string, bytes: number) => mapFileDeno(path, bytes, true) : undefined;

@@ -93,52 +93,55 @@ afterAll(async () => {
 });
 
 describe("S3 origin faults (fault proxy in front of RGW)", () => {
-  it("retries 503 SlowDown and 500 answers to stats and reads, serving correct bytes and counting retries", async () => {
-    const p = await proxy(onceEach((_, n) => (n % 3 === 0 ? { kind: "slowdown" } : n % 5 === 0 ? { kind: "error500" } : undefined)));
-    // No hedges here: a hedge that wins would leave its peer's fault without a retry to count.
-    const rf = await startBehind(p.url, ["--origin-hedge", "0"]);
-    await readAndCheck(rf);
-    expect(p.counts.faults.slowdown).toBeGreaterThan(0);
-    const retries = await rf.metric("rackfeed_origin_retries_total", { origin: "s3" });
-    expect(retries).toBe(p.counts.faults.slowdown + p.counts.faults.error500);
-    expect(await rf.metric("rackfeed_origin_errors_total", { origin: "s3" })).toBe(retries);
-    expect(await rf.metric("rackfeed_cache_fill_errors_total")).toBe(0);
-  });
+  // Both HTTP clients an S3 origin can use (node:http's pool, the runtime's fetch) under the same faults.
+  for (const http of ["node", "fetch"] as const) {
+    it(`retries 503 SlowDown and 500 answers to stats and reads, serving correct bytes and counting retries (--s3-http ${http})`, async () => {
+      const p = await proxy(onceEach((_, n) => (n % 3 === 0 ? { kind: "slowdown" } : n % 5 === 0 ? { kind: "error500" } : undefined)));
+      // No hedges here: a hedge that wins would leave its peer's fault without a retry to count.
+      const rf = await startBehind(p.url, ["--s3-http", http, "--origin-hedge", "0"]);
+      await readAndCheck(rf);
+      expect(p.counts.faults.slowdown).toBeGreaterThan(0);
+      const retries = await rf.metric("rackfeed_origin_retries_total", { origin: "s3" });
+      expect(retries).toBe(p.counts.faults.slowdown + p.counts.faults.error500);
+      expect(await rf.metric("rackfeed_origin_errors_total", { origin: "s3" })).toBe(retries);
+      expect(await rf.metric("rackfeed_cache_fill_errors_total")).toBe(0);
+    });
 
-  it("retries reads whose connection is reset mid-body", async () => {
-    const p = await proxy(onceEach((req, n) => (isRangedGet(req) && n % 2 === 0 ? { kind: "reset", afterBytes: 1000 } : undefined)));
-    const rf = await startBehind(p.url, ["--origin-hedge", "0"]);
-    await readAndCheck(rf);
-    expect(p.counts.faults.reset).toBeGreaterThan(0);
-    expect(await rf.metric("rackfeed_origin_retries_total", { origin: "s3" })).toBe(p.counts.faults.reset);
-    expect(await rf.metric("rackfeed_origin_timeouts_total", { origin: "s3" })).toBe(0);
-  });
+    it(`retries reads whose connection is reset mid-body (--s3-http ${http})`, async () => {
+      const p = await proxy(onceEach((req, n) => (isRangedGet(req) && n % 2 === 0 ? { kind: "reset", afterBytes: 1000 } : undefined)));
+      const rf = await startBehind(p.url, ["--s3-http", http, "--origin-hedge", "0"]);
+      await readAndCheck(rf);
+      expect(p.counts.faults.reset).toBeGreaterThan(0);
+      expect(await rf.metric("rackfeed_origin_retries_total", { origin: "s3" })).toBe(p.counts.faults.reset);
+      expect(await rf.metric("rackfeed_origin_timeouts_total", { origin: "s3" })).toBe(0);
+    });
 
-  it("abandons a stalled body after --origin-timeout and retries it", async () => {
-    const p = await proxy(onceEach((req, n) => (isRangedGet(req) && n % 4 === 0 ? { kind: "stall", afterBytes: 100 } : undefined)));
-    const rf = await startBehind(p.url, ["--origin-timeout", "300ms", "--origin-hedge", "0"]);
-    const t0 = performance.now();
-    await readAndCheck(rf);
-    expect(p.counts.faults.stall).toBeGreaterThan(0);
-    expect(await rf.metric("rackfeed_origin_timeouts_total", { origin: "s3" })).toBeGreaterThan(0);
-    expect(performance.now() - t0).toBeLessThan(15_000);
-  });
+    it(`abandons a stalled body after --origin-timeout and retries it (--s3-http ${http})`, async () => {
+      const p = await proxy(onceEach((req, n) => (isRangedGet(req) && n % 4 === 0 ? { kind: "stall", afterBytes: 100 } : undefined)));
+      const rf = await startBehind(p.url, ["--s3-http", http, "--origin-timeout", "300ms", "--origin-hedge", "0"]);
+      const t0 = performance.now();
+      await readAndCheck(rf);
+      expect(p.counts.faults.stall).toBeGreaterThan(0);
+      expect(await rf.metric("rackfeed_origin_timeouts_total", { origin: "s3" })).toBeGreaterThan(0);
+      expect(performance.now() - t0).toBeLessThan(15_000);
+    });
 
-  it("abandons a body that trickles (bytes keep coming, too slowly to re-arm --origin-timeout for ever) and retries it", async () => {
-    // The first part's GET gets 512 bytes every 100 ms: its 32 KiB would take 6.4 s, and the stall
-    // timeout never fires.
-    let trickled = false;
-    const p = await proxy((_, req) => (!trickled && isRangedGet(req) && (trickled = true) ? { kind: "trickle", bytes: 512, everyMs: 100 } : { kind: "pass" }));
-    const rf = await startBehind(p.url, ["--origin-timeout", "400ms", "--origin-hedge", "0"]);
-    const t0 = performance.now();
-    const r = await fetch(`${rf.url}/v1/objects/s3/obj.bin`, { headers: { range: "bytes=0-99" } });
-    expect(r.status).toBe(206);
-    expectSameBytes(new Uint8Array(await r.arrayBuffer()), data.subarray(0, 100));
-    expect(p.counts.faults.trickle).toBe(1);
-    // The attempt ends at 400 ms + 32 KiB at 256 KiB/s = 525 ms, then the retry is not trickled.
-    expect(await rf.metric("rackfeed_origin_timeouts_total", { origin: "s3" })).toBe(1);
-    expect(performance.now() - t0).toBeLessThan(4000);
-  });
+    it(`abandons a body that trickles (bytes keep coming, too slowly to re-arm --origin-timeout for ever) and retries it (--s3-http ${http})`, async () => {
+      // The first part's GET gets 512 bytes every 100 ms: its 32 KiB would take 6.4 s, and the stall
+      // timeout never fires.
+      let trickled = false;
+      const p = await proxy((_, req) => (!trickled && isRangedGet(req) && (trickled = true) ? { kind: "trickle", bytes: 512, everyMs: 100 } : { kind: "pass" }));
+      const rf = await startBehind(p.url, ["--s3-http", http, "--origin-timeout", "400ms", "--origin-hedge", "0"]);
+      const t0 = performance.now();
+      const r = await fetch(`${rf.url}/v1/objects/s3/obj.bin`, { headers: { range: "bytes=0-99" } });
+      expect(r.status).toBe(206);
+      expectSameBytes(new Uint8Array(await r.arrayBuffer()), data.subarray(0, 100));
+      expect(p.counts.faults.trickle).toBe(1);
+      // The attempt ends at 400 ms + 32 KiB at 256 KiB/s = 525 ms, then the retry is not trickled.
+      expect(await rf.metric("rackfeed_origin_timeouts_total", { origin: "s3" })).toBe(1);
+      expect(performance.now() - t0).toBeLessThan(4000);
+    });
+  }
 
   it("serves correct bytes through 40 ms of added latency", async () => {
     const p = await proxy(() => ({ kind: "delay", ms: 40 }));

@@ -6,6 +6,7 @@ import type { S3Client } from "@aws-sdk/client-s3";
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { OriginError } from "../../src/errors.ts";
 import { S3Origin } from "../../src/origin/s3-origin.ts";
 import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { put, s3Client, s3ConfigFile, s3Server, uniquePrefix } from "../helpers/s3.ts";
@@ -190,5 +191,63 @@ describe("S3Origin", () => {
     } finally {
       await origin.close();
     }
+  });
+
+  // Deno's fetch, aborted while a body stalled, left the body's read pending for good: reads hung
+  // past every timeout until the stall timeout stopped waiting on the client's cooperation.
+  it("ends a read at its stall timeout even when the HTTP client ignores the abort of a stalled body", async () => {
+    let cancelled = 0;
+    let attempts = 0;
+    // An S3 client whose GET answers headers, one chunk, then nothing, and whose body never
+    // reacts to the request's abort signal: only a cancel of its reader ends it.
+    const deaf = {
+      send: async () => {
+        attempts++;
+        let sent = false;
+        return {
+          ContentRange: "bytes 0-99/100",
+          ETag: '"e"',
+          Body: new ReadableStream<Uint8Array>({
+            pull: (ctl) => {
+              if (!sent) {
+                sent = true;
+                ctl.enqueue(new Uint8Array(10));
+                return;
+              }
+              return new Promise<void>(() => {});
+            },
+            cancel: () => void cancelled++,
+          }),
+        };
+      },
+      destroy: () => {},
+    };
+    const origin = new S3Origin({
+      name: "t",
+      bucket: "bucket",
+      prefix: "",
+      region: "us-east-1",
+      client: deaf as unknown as S3Client,
+      concurrency: 2,
+      timeoutMs: 100,
+      retry: { retries: 1, baseMs: 1, capMs: 1 },
+      hedgeFactor: 0,
+    });
+    const dest = new Uint8Array(100);
+    const t0 = performance.now();
+    const err = await origin.read("k", { size: 100, etag: '"e"', version: '"e"' }, 0, dest).catch((e) => e);
+    expect(err).toBeInstanceOf(OriginError);
+    expect((err as OriginError).code).toBe("ORIGIN_TIMEOUT");
+    expect((err as Error).message).toMatch(/no answer within 100 ms \(2 attempts\)/);
+    expect(performance.now() - t0).toBeLessThan(2000);
+    expect(attempts).toBe(2);
+    // Each abandoned body was cancelled, so its connection is not left open.
+    expect(cancelled).toBe(2);
+    await origin.close();
+  });
+
+  it("rejects an unknown http client", () => {
+    expect(() => new S3Origin({ name: "t", bucket: "bucket", prefix: "", http: "curl" as never, concurrency: 1, timeoutMs: 100, retry: { retries: 0, baseMs: 1, capMs: 1 }, hedgeFactor: 0 }))
+      .toThrow(/http must be "node" or "fetch", received "curl"/);
   });
 });

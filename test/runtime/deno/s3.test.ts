@@ -8,6 +8,7 @@ import { PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
 import { loadConfig } from "../../../src/config/load.ts";
 import { listenDeno } from "../../../src/runtime/deno.ts";
 import { createServer } from "../../../src/server.ts";
+import { type Fault, onceEach, startFaultProxy } from "../../helpers/fault-proxy.ts";
 
 const ROOT = new URL("../../../", import.meta.url).pathname;
 const RGW_DIR = Deno.env.get("RGW_DIR") ?? "/tmp/rackfeed-rgw";
@@ -111,6 +112,99 @@ Deno.test({
       }
     } finally {
       client.destroy();
+      await Deno.remove(dir, { recursive: true });
+      if (s3.started) {
+        await new Deno.Command("bash", { args: [`${ROOT}scripts/s3/stop-rgw.sh`], env: { RGW_DIR }, stdout: "null" }).output();
+      }
+    }
+  },
+});
+
+Deno.test({
+  name: "S3 origin on Deno's fetch (--s3-http fetch, the Deno default) serves exact bytes through stalls, resets, trickles and SlowDown, never hanging",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  async fn() {
+    Deno.env.set("AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED", "true");
+    const s3 = await s3Env();
+    const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-s3-fetch-" });
+    const prefix = `deno-fetch-${Date.now().toString(36)}/`;
+    const size = 2_000_003;
+    const data = pattern(size, 11);
+    const client = new S3Client({ endpoint: s3.endpoint, region: s3.region, forcePathStyle: true });
+    // A fault on the first sight of each ranged GET, drawn from a fixed sequence; retries pass.
+    const kinds: Fault[] = [
+      { kind: "stall", afterBytes: 100 },
+      { kind: "reset", afterBytes: 1000 },
+      { kind: "trickle", bytes: 512, everyMs: 50 },
+      { kind: "slowdown" },
+      { kind: "pass" },
+    ];
+    let drawn = 0;
+    const proxy = await startFaultProxy(
+      s3.endpoint,
+      onceEach((req) => (req.method === "GET" && req.headers.range ? kinds[drawn++ % kinds.length] : undefined)),
+    );
+    try {
+      await client.send(new PutObjectCommand({ Bucket: s3.bucket, Key: `${prefix}obj.bin`, Body: data }));
+      await Deno.writeTextFile(
+        `${dir}/c.json`,
+        JSON.stringify({ origins: { s3: { url: `s3://${s3.bucket}/${prefix}`, endpoint: proxy.url, region: s3.region } } }),
+      );
+      const config = loadConfig({
+        args: [
+          "--listen", "127.0.0.1:0", "--config", `${dir}/c.json`, "--cache-dir", `${dir}/cache`, "--s3-http", "fetch",
+          "--block-bytes", "64KiB", "--part-bytes", "16KiB", "--part-sizing", "fixed", "--origin-timeout", "300ms",
+          "--origin-backoff", "10ms", "--origin-hedge", "0",
+        ],
+        env: {},
+        readTextFile: (p) => Deno.readTextFileSync(p),
+        cwd: dir,
+      });
+      const server = await createServer(config, { now: () => performance.now(), log: () => {} });
+      const listener = await listenDeno(server.fetch, config.listen);
+      try {
+        let seed = 5;
+        // 8 readers at once, so stalled, reset and trickling bodies overlap in the fetch pool.
+        // A hang fails the test at 45 s instead of holding the suite.
+        const stop = new AbortController();
+        let hung: ReturnType<typeof setTimeout> | undefined;
+        const deadline = new Promise<never>((_, reject) =>
+          hung = setTimeout(() => {
+            stop.abort();
+            reject(new Error("reads still pending after 45 s"));
+          }, 45_000)
+        );
+        const readers = Promise.all(Array.from({ length: 8 }, async () => {
+          for (let i = 0; i < 6; i++) {
+            seed = (seed * 1103515245 + 12345) % 2 ** 31;
+            const a = seed % size;
+            const b = Math.min(size - 1, a + (seed % 300_000));
+            const res = await fetch(`${listener.url}/v1/objects/s3/obj.bin`, { headers: { range: `bytes=${a}-${b}` }, signal: stop.signal });
+            assert.equal(res.status, 206);
+            const got = new Uint8Array(await res.arrayBuffer());
+            assert.equal(got.length, b - a + 1);
+            assert.ok(got.every((v, j) => v === data[a + j]), `bytes ${a}-${b} differ`);
+          }
+        }));
+        try {
+          await Promise.race([readers, deadline]);
+        } finally {
+          clearTimeout(hung);
+        }
+        const metrics = await (await fetch(`${listener.url}/metrics`)).text();
+        const timeouts = Number(/^rackfeed_origin_timeouts_total\{origin="s3"\} (\d+)/m.exec(metrics)?.[1]);
+        assert.ok(proxy.counts.faults.stall > 0 && proxy.counts.faults.reset > 0 && proxy.counts.faults.trickle > 0, JSON.stringify(proxy.counts.faults));
+        assert.ok(timeouts > 0, `timeouts counted: ${timeouts}`);
+      } finally {
+        // Bounded: after a hang, a response still waiting on a hung fill would hold a graceful close for good.
+        const within = (p: Promise<void>) => Promise.race([p, new Promise<void>((r) => setTimeout(r, 5000))]);
+        await within(listener.close());
+        await within(server.close());
+      }
+    } finally {
+      client.destroy();
+      await proxy.close();
       await Deno.remove(dir, { recursive: true });
       if (s3.started) {
         await new Deno.Command("bash", { args: [`${ROOT}scripts/s3/stop-rgw.sh`], env: { RGW_DIR }, stdout: "null" }).output();
