@@ -235,7 +235,7 @@ describe("S3Origin", () => {
     });
     const dest = new Uint8Array(100);
     const t0 = performance.now();
-    const err = await origin.read("k", { size: 100, etag: '"e"', version: '"e"' }, 0, dest).catch((e) => e);
+    const err = await origin.read("k", { size: 100, etag: '"e"', version: '"e"', lastModified: new Date(0) }, 0, dest).catch((e) => e);
     expect(err).toBeInstanceOf(OriginError);
     expect((err as OriginError).code).toBe("ORIGIN_TIMEOUT");
     expect((err as Error).message).toMatch(/no answer within 100 ms \(2 attempts\)/);
