@@ -201,10 +201,10 @@ describe("S3Origin", () => {
     // An S3 client whose GET answers headers, one chunk, then nothing, and whose body never
     // reacts to the request's abort signal: only a cancel of its reader ends it.
     const deaf = {
-      send: async () => {
+      send: () => {
         attempts++;
         let sent = false;
-        return {
+        return Promise.resolve({
           ContentRange: "bytes 0-99/100",
           ETag: '"e"',
           Body: new ReadableStream<Uint8Array>({
@@ -218,7 +218,7 @@ describe("S3Origin", () => {
             },
             cancel: () => void cancelled++,
           }),
-        };
+        });
       },
       destroy: () => {},
     };
