@@ -511,10 +511,12 @@ function classify(e: unknown): Failure {
   if (e instanceof AttemptTimeout) return { kind: "retry", detail: e.message, error: e, timeout: true };
   if (e instanceof ChangedError) return { kind: "changed", detail: e.message, error: e };
   if (e instanceof ShortBodyError) return { kind: "retry", detail: e.message, error: e, timeout: false };
-  const err = e as { name?: string; code?: string; message?: string; $metadata?: { httpStatusCode?: number } };
+  const err = e as { name?: string; code?: string; message?: string; cause?: { code?: string; message?: string }; $metadata?: { httpStatusCode?: number } };
   const status = err.$metadata?.httpStatusCode;
   const name = err.name ?? "Error";
-  const detail = status ? `HTTP ${status} ${name}` : `${err.code ?? name}: ${err.message ?? String(e)}`;
+  // fetch says only "fetch failed"; what went wrong (refused, reset, DNS) is in its cause.
+  const cause = err.cause?.message ? `: ${err.cause.message}` : "";
+  const detail = status ? `HTTP ${status} ${name}` : `${err.code ?? name}: ${err.message ?? String(e)}${cause}`;
   if (status === 404 || name === "NoSuchKey" || name === "NotFound") {
     if (name === "NoSuchBucket") return { kind: "fatal", detail: `bucket does not exist (${detail})`, error: e };
     return { kind: "not-found", error: e };
@@ -530,7 +532,8 @@ function classify(e: unknown): Failure {
   if (status !== undefined) return { kind: "fatal", detail, error: e };
   if (name === "TimeoutError") return { kind: "retry", detail, error: e, timeout: true };
   // No HTTP status: the connection failed (refused, reset, closed early) or the answer was garbled.
-  if (err.code && RETRY_CODES.has(err.code)) return { kind: "retry", detail, error: e, timeout: false };
+  const code = err.code ?? err.cause?.code;
+  if (code && RETRY_CODES.has(code)) return { kind: "retry", detail, error: e, timeout: false };
   if (/socket hang up|aborted|premature|ECONNRESET|terminated|other side closed/i.test(err.message ?? "")) {
     return { kind: "retry", detail, error: e, timeout: false };
   }

@@ -255,22 +255,25 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
     expect(await rf.metric("rackfeed_origin_hedged_requests_total", { origin: "s3", won: "true" })).toBeGreaterThanOrEqual(1);
   });
 
-  it("answers 502 with a clear message within a bounded time when the origin refuses connections", async () => {
-    const p = await startFaultProxy(s3.endpoint);
-    const deadUrl = p.url;
-    await p.close();
-    const rf = await startBehind(deadUrl, ["--origin-retries", "2"]);
-    const t0 = performance.now();
-    const res = await fetch(`${rf.url}/v1/objects/s3/obj.bin`);
-    const ms = performance.now() - t0;
-    expect(res.status).toBe(502);
-    const body = await res.json();
-    expect(body.error).toBe("ORIGIN_UNAVAILABLE");
-    expect(body.message).toMatch(/Origin "s3" failed stat "obj.bin": .*ECONNREFUSED.*\(3 attempts\)/);
-    expect(ms).toBeLessThan(2000);
-    expect(await rf.metric("rackfeed_origin_errors_total", { origin: "s3" })).toBe(3);
-    expect(await rf.metric("rackfeed_origin_retries_total", { origin: "s3" })).toBe(2);
-  });
+  // fetch's own message is "fetch failed": the reason (ECONNREFUSED) must come from its cause.
+  for (const http of ["node", "fetch"] as const) {
+    it(`answers 502 with a clear message within a bounded time when the origin refuses connections (--s3-http ${http})`, async () => {
+      const p = await startFaultProxy(s3.endpoint);
+      const deadUrl = p.url;
+      await p.close();
+      const rf = await startBehind(deadUrl, ["--s3-http", http, "--origin-retries", "2"]);
+      const t0 = performance.now();
+      const res = await fetch(`${rf.url}/v1/objects/s3/obj.bin`);
+      const ms = performance.now() - t0;
+      expect(res.status).toBe(502);
+      const body = await res.json();
+      expect(body.error).toBe("ORIGIN_UNAVAILABLE");
+      expect(body.message).toMatch(/Origin "s3" failed stat "obj.bin": .*ECONNREFUSED.*\(3 attempts\)/);
+      expect(ms).toBeLessThan(2000);
+      expect(await rf.metric("rackfeed_origin_errors_total", { origin: "s3" })).toBe(3);
+      expect(await rf.metric("rackfeed_origin_retries_total", { origin: "s3" })).toBe(2);
+    });
+  }
 
   it("answers 504 within a bounded time when the origin accepts but never answers", async () => {
     const p = await proxy(() => ({ kind: "stall", afterBytes: 0 }));

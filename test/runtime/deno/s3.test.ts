@@ -145,11 +145,20 @@ Deno.test({
       s3.endpoint,
       onceEach((req) => (req.method === "GET" && req.headers.range ? kinds[drawn++ % kinds.length] : undefined)),
     );
+    // A port nothing listens on (taken, then let go).
+    const free = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+    const deadPort = (free.addr as Deno.NetAddr).port;
+    free.close();
     try {
       await client.send(new PutObjectCommand({ Bucket: s3.bucket, Key: `${prefix}obj.bin`, Body: data }));
       await Deno.writeTextFile(
         `${dir}/c.json`,
-        JSON.stringify({ origins: { s3: { url: `s3://${s3.bucket}/${prefix}`, endpoint: proxy.url, region: s3.region } } }),
+        JSON.stringify({
+          origins: {
+            s3: { url: `s3://${s3.bucket}/${prefix}`, endpoint: proxy.url, region: s3.region },
+            dead: { url: `s3://${s3.bucket}/${prefix}`, endpoint: `http://127.0.0.1:${deadPort}`, region: s3.region },
+          },
+        }),
       );
       const config = loadConfig({
         args: [
@@ -192,6 +201,10 @@ Deno.test({
         } finally {
           clearTimeout(hung);
         }
+        // fetch's own message is "fetch failed"; the 502 names the reason, from its cause.
+        const dead = await fetch(`${listener.url}/v1/objects/dead/obj.bin`);
+        assert.equal(dead.status, 502);
+        assert.match((await dead.json()).message, /Origin "dead" failed stat "obj.bin": TypeError: fetch failed: .*Connection refused/);
         const metrics = await (await fetch(`${listener.url}/metrics`)).text();
         const timeouts = Number(/^rackfeed_origin_timeouts_total\{origin="s3"\} (\d+)/m.exec(metrics)?.[1]);
         assert.ok(proxy.counts.faults.stall > 0 && proxy.counts.faults.reset > 0 && proxy.counts.faults.trickle > 0, JSON.stringify(proxy.counts.faults));
