@@ -98,6 +98,8 @@ const HEDGE_MIN_SAMPLES = 8;
  */
 export class S3Origin implements Origin {
   readonly name: string;
+  /** The HTTP client its requests go through. */
+  readonly http: S3Http;
   readonly #bucket: string;
   readonly #prefix: string;
   readonly #client: S3Client;
@@ -138,6 +140,7 @@ export class S3Origin implements Origin {
       throw new RangeError(`Cannot create S3Origin "${opts.name}": concurrency must be an integer >= 1, received ${opts.concurrency}`);
     }
     this.name = opts.name;
+    this.http = opts.http ?? "node";
     this.#bucket = opts.bucket;
     this.#prefix = opts.prefix;
     this.#timeoutMs = opts.timeoutMs;
@@ -450,22 +453,39 @@ function bodyChunks(raw: unknown, signal: AbortSignal): BodyChunks | undefined {
     if (reader) reader.cancel().catch(() => {});
     else readable.destroy?.();
   };
-  // One promise per body that rejects on abort; each read races it.
-  let rejectAborted: (reason: unknown) => void = () => {};
-  const aborted = new Promise<never>((_, reject) => (rejectAborted = reject));
-  aborted.catch(() => {});
+  // The read in progress, if any: the abort rejects it at once. No promise outlives its read
+  // (racing every read against one long-lived "aborted" promise kept every chunk reachable from
+  // that promise's reactions until the body ended: twice the part's bytes in memory).
+  let pending: ((reason: unknown) => void) | undefined;
   const onAbort = () => {
-    rejectAborted(signal.reason);
+    const reject = pending;
+    pending = undefined;
+    reject?.(signal.reason);
     close();
   };
   if (signal.aborted) onAbort();
   else signal.addEventListener("abort", onAbort, { once: true });
   return {
-    async next() {
-      const r = await Promise.race([reader ? reader.read() : iterator!.next(), aborted]);
-      if (!r.done) return r.value;
-      ended = true;
-      return undefined;
+    next() {
+      if (signal.aborted) return Promise.reject(signal.reason);
+      return new Promise<Uint8Array | undefined>((resolve, reject) => {
+        pending = reject;
+        (reader ? reader.read() : iterator!.next()).then(
+          (r) => {
+            // Abandoned by an abort: the chunk is dropped, never handed out.
+            if (pending !== reject) return;
+            pending = undefined;
+            if (signal.aborted) return reject(signal.reason);
+            if (r.done) ended = true;
+            resolve(r.done ? undefined : r.value);
+          },
+          (e) => {
+            if (pending !== reject) return;
+            pending = undefined;
+            reject(e);
+          },
+        );
+      });
     },
     close,
   };

@@ -1,4 +1,6 @@
 import { describe, expect, it } from "vitest";
+import type { S3Origin } from "../../src/origin/s3-origin.ts";
+import { defaultOrigin } from "../../src/server.ts";
 import { errorOf, load } from "../helpers/config.ts";
 
 describe("loadConfig s3:// origins", () => {
@@ -73,5 +75,26 @@ describe("loadConfig s3:// origins", () => {
     expect([c.originTimeout, c.originRetries, c.originHedge, c.originBackoff, c.originBackoffMax]).toEqual([250, 0, 0, 10, 2000]);
     expect(errorOf(() => load(["--origin-timeout", "0"])).message).toMatch(/--origin-timeout.*above 0/);
     expect(errorOf(() => load(["--origin-hedge", "0.5"])).message).toMatch(/--origin-hedge.*0 \(off\)/);
+  });
+});
+
+describe("--s3-http", () => {
+  it("is auto by default and takes node, fetch or auto from the flag, the environment or the file", () => {
+    expect(load([]).s3Http).toBe("auto");
+    expect(load(["--s3-http", "fetch"]).s3Http).toBe("fetch");
+    expect(load([], { RACKFEED_S3_HTTP: "node" }).s3Http).toBe("node");
+    expect(load(["--config", "/srv/c.json"], {}, { "/srv/c.json": JSON.stringify({ s3Http: "fetch" }) }).s3Http).toBe("fetch");
+    expect(errorOf(() => load(["--s3-http", "curl"])).message).toMatch(/--s3-http.*curl/);
+  });
+
+  it("gives S3 origins the runtime's client under auto, and the one named otherwise", () => {
+    const spec = (c: ReturnType<typeof load>) => c.origins[0];
+    const auto = load(["--origin", "a=s3://bucket/p"]);
+    expect((defaultOrigin(spec(auto), auto) as S3Origin).http).toBe("node");
+    expect((defaultOrigin(spec(auto), auto, "fetch") as S3Origin).http).toBe("fetch");
+    const node = load(["--origin", "a=s3://bucket/p", "--s3-http", "node"]);
+    expect((defaultOrigin(spec(node), node, "fetch") as S3Origin).http).toBe("node");
+    const fetch = load(["--origin", "a=s3://bucket/p", "--s3-http", "fetch"]);
+    expect((defaultOrigin(spec(fetch), fetch, "node") as S3Origin).http).toBe("fetch");
   });
 });
