@@ -15,7 +15,7 @@ import { ServedBytes } from "./http/served-bytes.ts";
 import { type MetricSources, Metrics } from "./metrics/prometheus.ts";
 import { buildStatus } from "./metrics/status.ts";
 import { checkFsRoot, FsOrigin } from "./origin/fs-origin.ts";
-import { type S3Http, S3Origin } from "./origin/s3-origin.ts";
+import { type FetchPool, type S3Http, S3Origin } from "./origin/s3-origin.ts";
 import { OriginGateway } from "./origin/origin-gateway.ts";
 import type { Origin } from "./origin/origin.ts";
 import type { IndexBuilder } from "./runtime/index-builder.ts";
@@ -90,6 +90,8 @@ export interface ServerEnv {
   readonly makeOrigin?: (spec: Config["origins"][number]) => Origin;
   /** The HTTP client S3 origins use under `--s3-http auto` on this runtime (default `node`). */
   readonly s3HttpAuto?: S3Http;
+  /** Makes an S3 origin's own fetch connection pool, where the runtime can (see `FetchPool`). */
+  readonly s3FetchPool?: (maxIdle: number) => FetchPool;
 }
 
 /**
@@ -113,7 +115,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
       throw new OriginStartupError(`Invalid --origin ${spec.name}=${spec.root}: ${(e as Error).message}`, { cause: e });
     });
   }
-  const makeOrigin = env.makeOrigin ?? ((spec: Config["origins"][number]) => defaultOrigin(spec, config, env.s3HttpAuto));
+  const makeOrigin = env.makeOrigin ?? ((spec: Config["origins"][number]) => defaultOrigin(spec, config, env));
   const origins = new Map<string, OriginGateway>();
   for (const spec of config.origins) {
     origins.set(
@@ -374,10 +376,14 @@ export class DatasetStartupError extends Error {
  *
  * @param spec the origin's spec
  * @param config timeouts, retries, hedging and the concurrency that sizes connection pools
- * @param s3HttpAuto the HTTP client of S3 origins under `--s3-http auto`
+ * @param runtime what the runtime brings to S3 origins: its client under `--s3-http auto` (default `node`), its fetch pools
  * @returns the origin
  */
-export function defaultOrigin(spec: Config["origins"][number], config: Config, s3HttpAuto: S3Http = "node"): Origin {
+export function defaultOrigin(
+  spec: Config["origins"][number],
+  config: Config,
+  runtime: Pick<ServerEnv, "s3HttpAuto" | "s3FetchPool"> = {},
+): Origin {
   if (spec.kind === "fs") return new FsOrigin({ name: spec.name, root: spec.root, timeoutMs: config.originTimeout });
   return new S3Origin({
     name: spec.name,
@@ -386,7 +392,8 @@ export function defaultOrigin(spec: Config["origins"][number], config: Config, s
     endpoint: spec.endpoint,
     region: spec.region,
     forcePathStyle: spec.forcePathStyle,
-    http: config.s3Http === "auto" ? s3HttpAuto : config.s3Http,
+    http: config.s3Http === "auto" ? (runtime.s3HttpAuto ?? "node") : config.s3Http,
+    fetchPool: runtime.s3FetchPool,
     concurrency: config.originConcurrency,
     maxConcurrency: config.originConcurrencyMax,
     timeoutMs: config.originTimeout,

@@ -45,6 +45,8 @@ export interface CliHost {
   readonly buildOffThread?: IndexBuilder;
   /** See `ServerEnv.s3HttpAuto`. */
   readonly s3HttpAuto?: ServerEnv["s3HttpAuto"];
+  /** See `ServerEnv.s3FetchPool`. */
+  readonly s3FetchPool?: ServerEnv["s3FetchPool"];
   /** Where `prefetch --watch` draws its progress bar (stderr when it is a terminal). */
   readonly progressStream?: NodeJS.WritableStream;
 }
@@ -146,6 +148,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       peers: host.peers,
       buildOffThread: host.buildOffThread,
       s3HttpAuto: host.s3HttpAuto,
+      s3FetchPool: host.s3FetchPool,
     });
   } catch (e) {
     if (e instanceof DatasetStartupError || e instanceof CacheDirStartupError || e instanceof OriginStartupError) {

@@ -21,6 +21,18 @@ import { backoffDelay, type RetryPolicy, sleep } from "./retry.ts";
 /** The HTTP client an S3 origin's requests go through (see `S3OriginOptions.http`). */
 export type S3Http = "node" | "fetch";
 
+/**
+ * A connection pool of the runtime's fetch for one origin (Deno: an `HttpClient`), so that the
+ * origin's idle connections are bounded and closed with it; without one, fetch uses the
+ * process's shared pool, which nothing closes.
+ */
+export interface FetchPool {
+  /** Fetch options that send a request through this pool (e.g. `{ client }` on Deno). */
+  readonly init: Readonly<Record<string, unknown>>;
+  /** Closes the pool and its connections. */
+  close(): void;
+}
+
 /** Options of `S3Origin`. Everything not given comes from the AWS SDK's default chain. */
 export interface S3OriginOptions {
   /** Origin name. */
@@ -42,6 +54,8 @@ export interface S3OriginOptions {
    * Default `node`.
    */
   readonly http?: S3Http;
+  /** With `http: "fetch"`: makes this origin's pool, keeping at most `maxIdle` idle connections. */
+  readonly fetchPool?: (maxIdle: number) => FetchPool;
   /** Requests in flight this origin gets from the gateway at first; bounds hedges. */
   readonly concurrency: number;
   /** Most requests in flight the gateway's adaptive limit may allow (default `concurrency`); sizes the keep-alive pool. */
@@ -103,6 +117,7 @@ export class S3Origin implements Origin {
   readonly #bucket: string;
   readonly #prefix: string;
   readonly #client: S3Client;
+  readonly #pool: FetchPool | undefined;
   readonly #timeoutMs: number;
   readonly #retry: RetryPolicy;
   readonly #hedgeFactor: number;
@@ -152,7 +167,9 @@ export class S3Origin implements Origin {
     this.#listPageSize = Math.min(1000, Math.max(1, opts.listPageSize ?? 1000));
     this.#random = opts.random ?? Math.random;
     this.#now = opts.now ?? (() => performance.now());
-    this.#client = opts.client ?? new S3Client(clientConfig(opts, Math.max(opts.concurrency, opts.maxConcurrency ?? 0) + this.#maxHedges));
+    const maxConnections = Math.max(opts.concurrency, opts.maxConcurrency ?? 0) + this.#maxHedges;
+    this.#pool = !opts.client && this.http === "fetch" ? opts.fetchPool?.(maxConnections) : undefined;
+    this.#client = opts.client ?? new S3Client(clientConfig(opts, maxConnections, this.#pool));
   }
 
   async stat(key: string, signal?: AbortSignal): Promise<ObjectInfo> {
@@ -218,6 +235,7 @@ export class S3Origin implements Origin {
 
   close(): Promise<void> {
     this.#client.destroy();
+    this.#pool?.close();
     return Promise.resolve();
   }
 
@@ -563,7 +581,7 @@ function classify(e: unknown): Failure {
   return { kind: "retry", detail, error: e, timeout: false };
 }
 
-function clientConfig(opts: S3OriginOptions, maxSockets: number): S3ClientConfig {
+function clientConfig(opts: S3OriginOptions, maxSockets: number, pool: FetchPool | undefined): S3ClientConfig {
   const hasEndpoint = opts.endpoint !== undefined;
   return {
     ...(opts.region ? { region: opts.region } : {}),
@@ -576,8 +594,9 @@ function clientConfig(opts: S3OriginOptions, maxSockets: number): S3ClientConfig
     requestChecksumCalculation: "WHEN_REQUIRED",
     responseChecksumValidation: "WHEN_REQUIRED",
     requestHandler: opts.http === "fetch"
-      // The runtime's fetch keeps its own pool; the gateway's limit bounds what is in flight.
-      ? new FetchHttpHandler()
+      // The runtime's fetch keeps its own pool (never more connections than requests in flight,
+      // which the gateway bounds); the origin's own when the runtime gives one.
+      ? new FetchHttpHandler(pool ? { requestInit: () => pool.init as RequestInit } : {})
       // A keep-alive pool as large as the requests this origin may have in flight (hedges included).
       : { httpAgent: { keepAlive: true, maxSockets }, httpsAgent: { keepAlive: true, maxSockets } },
   } as S3ClientConfig;

@@ -3,6 +3,7 @@
 import nodeProcess from "node:process";
 import type { LockFile } from "../cache/disk-tier.ts";
 import type { CliHost } from "../cli/run-cli.ts";
+import type { FetchPool } from "../origin/s3-origin.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
 import { workerIndexBuilder } from "./index-builder.ts";
 import { hostMemoryLimit } from "./memory-limit.ts";
@@ -189,6 +190,7 @@ export function denoHost(): CliHost {
     // Deno's node:http client left sockets of aborted S3 requests open (fds grew under origin
     // faults, bench/RESULTS.md "S3 origin soak"); its own fetch closes them.
     s3HttpAuto: "fetch",
+    s3FetchPool: s3FetchPoolDeno,
     // Getters: libc is opened only by commands that serve shm.
     get mapFile() {
       return canMapDeno() ? (path: string, bytes: number) => mapFileDeno(path, bytes, true) : undefined;
@@ -217,6 +219,12 @@ function peerIdentity(): CliHost["peers"] {
 }
 
 /** The cache directory's kernel lock on Deno: `FsFile.tryLock`, an exclusive `flock` as on Node. */
+/** An S3 origin's own fetch pool on Deno: an `HttpClient` keeping at most `maxIdle` idle connections, closed with the origin. */
+export function s3FetchPoolDeno(maxIdle: number): FetchPool {
+  const client = Deno.createHttpClient({ poolMaxIdlePerHost: maxIdle });
+  return { init: { client }, close: () => client.close() };
+}
+
 export const lockFileDeno: LockFile = async (path) => {
   const file = await Deno.open(path, { read: true, write: true, create: true });
   try {

@@ -91,10 +91,10 @@ describe("--s3-http", () => {
     const spec = (c: ReturnType<typeof load>) => c.origins[0];
     const auto = load(["--origin", "a=s3://bucket/p"]);
     expect((defaultOrigin(spec(auto), auto) as S3Origin).http).toBe("node");
-    expect((defaultOrigin(spec(auto), auto, "fetch") as S3Origin).http).toBe("fetch");
+    expect((defaultOrigin(spec(auto), auto, { s3HttpAuto: "fetch" }) as S3Origin).http).toBe("fetch");
     const node = load(["--origin", "a=s3://bucket/p", "--s3-http", "node"]);
-    expect((defaultOrigin(spec(node), node, "fetch") as S3Origin).http).toBe("node");
+    expect((defaultOrigin(spec(node), node, { s3HttpAuto: "fetch" }) as S3Origin).http).toBe("node");
     const fetch = load(["--origin", "a=s3://bucket/p", "--s3-http", "fetch"]);
-    expect((defaultOrigin(spec(fetch), fetch, "node") as S3Origin).http).toBe("fetch");
+    expect((defaultOrigin(spec(fetch), fetch, { s3HttpAuto: "node" }) as S3Origin).http).toBe("fetch");
   });
 });

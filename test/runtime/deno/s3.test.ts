@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
 import { loadConfig } from "../../../src/config/load.ts";
-import { listenDeno } from "../../../src/runtime/deno.ts";
+import { listenDeno, s3FetchPoolDeno } from "../../../src/runtime/deno.ts";
 import { createServer } from "../../../src/server.ts";
 import { type Fault, onceEach, startFaultProxy } from "../../helpers/fault-proxy.ts";
 
@@ -121,7 +121,7 @@ Deno.test({
 });
 
 Deno.test({
-  name: "S3 origin on Deno's fetch (--s3-http fetch, the Deno default) serves exact bytes through stalls, resets, trickles and SlowDown, never hanging",
+  name: "S3 origin on Deno's fetch (--s3-http fetch, the Deno default) serves exact bytes through stalls, resets, trickles and SlowDown, never hanging, and closes its pool with the server",
   sanitizeResources: false,
   sanitizeOps: false,
   async fn() {
@@ -170,7 +170,8 @@ Deno.test({
         readTextFile: (p) => Deno.readTextFileSync(p),
         cwd: dir,
       });
-      const server = await createServer(config, { now: () => performance.now(), log: () => {} });
+      // As the Deno host builds it: each origin with a pool of its own.
+      const server = await createServer(config, { now: () => performance.now(), log: () => {}, s3FetchPool: s3FetchPoolDeno });
       const listener = await listenDeno(server.fetch, config.listen);
       try {
         let seed = 5;
@@ -213,7 +214,12 @@ Deno.test({
         // Bounded: after a hang, a response still waiting on a hung fill would hold a graceful close for good.
         const within = (p: Promise<void>) => Promise.race([p, new Promise<void>((r) => setTimeout(r, 5000))]);
         await within(listener.close());
+        const pooled = proxy.counts.open;
         await within(server.close());
+        // The origin's pool closes with it: no connection to the origin stays open.
+        for (let i = 0; i < 100 && proxy.counts.open > 0; i++) await new Promise((r) => setTimeout(r, 20));
+        assert.ok(pooled > 0, "idle connections were pooled");
+        assert.equal(proxy.counts.open, 0, `connections to the origin still open after close: ${proxy.counts.open}`);
       }
     } finally {
       client.destroy();
