@@ -218,13 +218,13 @@ function peerIdentity(): CliHost["peers"] {
   return uid === null ? undefined : { of: (socket) => withFd(socket, peerCredentialsDeno), uid };
 }
 
-/** The cache directory's kernel lock on Deno: `FsFile.tryLock`, an exclusive `flock` as on Node. */
 /** An S3 origin's own fetch pool on Deno: an `HttpClient` keeping at most `maxIdle` idle connections, closed with the origin. */
 export function s3FetchPoolDeno(maxIdle: number): FetchPool {
   const client = Deno.createHttpClient({ poolMaxIdlePerHost: maxIdle });
   return { init: { client }, close: () => client.close() };
 }
 
+/** The cache directory's kernel lock on Deno: `FsFile.tryLock`, an exclusive `flock` as on Node. */
 export const lockFileDeno: LockFile = async (path) => {
   const file = await Deno.open(path, { read: true, write: true, create: true });
   try {
