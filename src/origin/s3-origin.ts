@@ -572,6 +572,11 @@ function classify(e: unknown): Failure {
   // No HTTP status: the connection failed (refused, reset, closed early) or the answer was garbled.
   const code = err.code ?? err.cause?.code;
   if (code && RETRY_CODES.has(code)) return { kind: "retry", detail, error: e, timeout: false };
+  // An endpoint whose TLS certificate is not trusted answers the same way every time: no retries,
+  // and the message says how to trust a private CA.
+  if (/CERT|SELF_SIGNED|UNABLE_TO_(VERIFY|GET_ISSUER)/.test(code ?? "") || /invalid peer certificate|certificate/i.test(`${err.message ?? ""} ${err.cause?.message ?? ""}`)) {
+    return { kind: "fatal", detail: `${detail} (the endpoint's TLS certificate is not trusted: for a private CA set NODE_EXTRA_CA_CERTS, or DENO_CERT for Deno's fetch)`, error: e };
+  }
   if (/socket hang up|aborted|premature|ECONNRESET|terminated|other side closed/i.test(err.message ?? "")) {
     return { kind: "retry", detail, error: e, timeout: false };
   }

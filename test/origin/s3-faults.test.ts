@@ -4,7 +4,11 @@
 // what happened in /metrics.
 
 import type { S3Client } from "@aws-sdk/client-s3";
+import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { writeFile } from "node:fs/promises";
+import { createServer as createTlsServer } from "node:https";
+import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { worstCaseMs } from "../../src/origin/retry.ts";
@@ -254,6 +258,33 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
     expect(slowest).toBeLessThan(2500);
     expect(await rf.metric("rackfeed_origin_hedged_requests_total", { origin: "s3", won: "true" })).toBeGreaterThanOrEqual(1);
   });
+
+  // An endpoint whose certificate nothing trusts gives the same answer every time.
+  for (const http of ["node", "fetch"] as const) {
+    it(`answers 502 at once, without retries, naming the way to trust a private CA, when the endpoint's TLS certificate is not trusted (--s3-http ${http})`, async () => {
+      const key = join(ws.dir, "tls-key.pem");
+      const cert = join(ws.dir, "tls-cert.pem");
+      execFileSync("openssl", [
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+      ], { stdio: "ignore" });
+      let connections = 0; // one attempt, no retry
+      const tls = createTlsServer({ key: readFileSync(key), cert: readFileSync(cert) }, (_req, res) => res.end());
+      tls.on("connection", () => connections++);
+      await new Promise<void>((r) => tls.listen(0, "127.0.0.1", r));
+      open.push({ close: () => new Promise<void>((r) => tls.close(() => r())) });
+      const rf = await startBehind(`https://127.0.0.1:${(tls.address() as AddressInfo).port}`, ["--s3-http", http, "--origin-retries", "3"]);
+      const t0 = performance.now();
+      const res = await fetch(`${rf.url}/v1/objects/s3/obj.bin`);
+      expect(res.status).toBe(502);
+      const body = await res.json();
+      expect(body.message).toMatch(/Origin "s3" failed stat "obj.bin": .*certificate.*not trusted: for a private CA set NODE_EXTRA_CA_CERTS/);
+      expect(body.message).not.toMatch(/attempts/);
+      expect(performance.now() - t0).toBeLessThan(2000);
+      expect(connections).toBe(1);
+      expect(await rf.metric("rackfeed_origin_retries_total", { origin: "s3" })).toBe(0);
+    });
+  }
 
   // fetch's own message is "fetch failed": the reason (ECONNREFUSED) must come from its cause.
   for (const http of ["node", "fetch"] as const) {

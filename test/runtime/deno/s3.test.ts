@@ -149,6 +149,16 @@ Deno.test({
     const free = Deno.listen({ hostname: "127.0.0.1", port: 0 });
     const deadPort = (free.addr as Deno.NetAddr).port;
     free.close();
+    // An HTTPS endpoint whose self-signed certificate nothing trusts.
+    await new Deno.Command("openssl", {
+      args: ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", `${dir}/key.pem`, "-out", `${dir}/cert.pem`, "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+      stdout: "null",
+      stderr: "null",
+    }).output();
+    const untrusted = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, cert: await Deno.readTextFile(`${dir}/cert.pem`), key: await Deno.readTextFile(`${dir}/key.pem`), onListen() {} },
+      () => new Response(""),
+    );
     try {
       await client.send(new PutObjectCommand({ Bucket: s3.bucket, Key: `${prefix}obj.bin`, Body: data }));
       await Deno.writeTextFile(
@@ -157,6 +167,7 @@ Deno.test({
           origins: {
             s3: { url: `s3://${s3.bucket}/${prefix}`, endpoint: proxy.url, region: s3.region },
             dead: { url: `s3://${s3.bucket}/${prefix}`, endpoint: `http://127.0.0.1:${deadPort}`, region: s3.region },
+            untrusted: { url: `s3://${s3.bucket}/${prefix}`, endpoint: `https://127.0.0.1:${untrusted.addr.port}`, region: s3.region },
           },
         }),
       );
@@ -206,6 +217,9 @@ Deno.test({
         const dead = await fetch(`${listener.url}/v1/objects/dead/obj.bin`);
         assert.equal(dead.status, 502);
         assert.match((await dead.json()).message, /Origin "dead" failed stat "obj.bin": TypeError: fetch failed: .*Connection refused/);
+        const bad = await fetch(`${listener.url}/v1/objects/untrusted/obj.bin`);
+        assert.equal(bad.status, 502);
+        assert.match((await bad.json()).message, /invalid peer certificate.*not trusted: for a private CA set NODE_EXTRA_CA_CERTS, or DENO_CERT/);
         const metrics = await (await fetch(`${listener.url}/metrics`)).text();
         const timeouts = Number(/^rackfeed_origin_timeouts_total\{origin="s3"\} (\d+)/m.exec(metrics)?.[1]);
         assert.ok(proxy.counts.faults.stall > 0 && proxy.counts.faults.reset > 0 && proxy.counts.faults.trickle > 0, JSON.stringify(proxy.counts.faults));
@@ -224,6 +238,7 @@ Deno.test({
     } finally {
       client.destroy();
       await proxy.close();
+      await untrusted.shutdown();
       await Deno.remove(dir, { recursive: true });
       if (s3.started) {
         await new Deno.Command("bash", { args: [`${ROOT}scripts/s3/stop-rgw.sh`], env: { RGW_DIR }, stdout: "null" }).output();
