@@ -625,8 +625,12 @@ export class DiskTier {
     } else {
       room = full ? this.#bytes : this.#configuredBytes;
     }
-    // A write that found the disk full must not be tried again at the same size.
-    if (full) room = Math.min(room, this.#bytes);
+    // A write that found the disk full must not be tried again at the same size: the budget
+    // comes down to the bytes held, and not below. A full disk reads as no free space at all
+    // (often less than the headroom: writes half done in the same burst take what was left),
+    // which would otherwise cost a block for every burst of failed writes; a disk others keep
+    // filling is seen by the next routine check.
+    if (full) room = this.#bytes;
     const budget = Math.min(this.#configuredBytes, room);
     const before = this.#maxBytes;
     this.#maxBytes = budget;
