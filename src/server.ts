@@ -132,6 +132,8 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
       }),
     );
   }
+  // Origins hold connection pools (Deno: an HttpClient each): a failed start closes them too.
+  const closeOrigins = () => Promise.all([...origins.values()].map((o) => o.origin.close())).then(() => {});
   // Belady eviction asks the read-ahead schedules, which are built after the cache: bind late.
   let nextUse: (key: string) => number = () => Infinity;
   const memory = new MemoryTier({
@@ -145,7 +147,8 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     onError: (m, e) => env.log(m, e),
     now: env.now,
     owner: env.pid !== undefined && env.isAlive ? { pid: env.pid, isAlive: env.isAlive, lockFile: env.lockFile } : undefined,
-  }).catch((e) => {
+  }).catch(async (e) => {
+    await closeOrigins();
     throw new CacheDirStartupError(`Invalid --cache-dir ${config.cacheDir}: ${(e as Error).message}`, { cause: e });
   });
   let metrics: Metrics | undefined = undefined;
@@ -253,6 +256,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     } catch (e) {
       await cache.close();
       await disk.close();
+      await closeOrigins();
       throw new DatasetStartupError(`Cannot register dataset "${d.name}" (${d.source}): ${(e as Error).message}`, { cause: e });
     }
   }
@@ -328,7 +332,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
       prefetch.close();
       await cache.close(graceMs);
       await disk.close();
-      await Promise.all([...origins.values()].map((o) => o.origin.close()));
+      await closeOrigins();
     },
   };
 }

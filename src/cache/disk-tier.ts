@@ -610,10 +610,12 @@ export class DiskTier {
    * every minute, so an idle server's budget (and the prefetch jobs it accepts) grows back too.
    */
   async #fit(): Promise<void> {
-    this.#fitCheckedAt = this.#now();
-    const fs = await statfs(this.#dir).catch(() => undefined);
     const full = this.#fullSeen;
     this.#fullSeen = false;
+    // Only routine checks set the clock of the next one: full disks seen more often than that
+    // must not postpone it for ever (it is what gives the headroom back to others).
+    if (!full) this.#fitCheckedAt = this.#now();
+    const fs = await statfs(this.#dir).catch(() => undefined);
     let room: number;
     if (fs) {
       const headroom = Math.min(HEADROOM_MAX, Math.floor(fs.blocks * fs.bsize * 0.02));
@@ -626,11 +628,11 @@ export class DiskTier {
       room = full ? this.#bytes : this.#configuredBytes;
     }
     // A write that found the disk full must not be tried again at the same size: the budget
-    // comes down to the bytes held, and not below. A full disk reads as no free space at all
-    // (often less than the headroom: writes half done in the same burst take what was left),
-    // which would otherwise cost a block for every burst of failed writes; a disk others keep
-    // filling is seen by the next routine check.
-    if (full) room = this.#bytes;
+    // comes down to the bytes held (block files written whole but not yet renamed included), and
+    // not below. A full disk reads as no free space at all (often less than the headroom: writes
+    // half done in the same burst take what was left), which would otherwise cost a block for
+    // every burst of failed writes; the next routine check restores the headroom.
+    if (full) room = this.#bytes + this.#landed;
     const budget = Math.min(this.#configuredBytes, room);
     const before = this.#maxBytes;
     this.#maxBytes = budget;

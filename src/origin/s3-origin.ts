@@ -572,10 +572,22 @@ function classify(e: unknown): Failure {
   // No HTTP status: the connection failed (refused, reset, closed early) or the answer was garbled.
   const code = err.code ?? err.cause?.code;
   if (code && RETRY_CODES.has(code)) return { kind: "retry", detail, error: e, timeout: false };
-  // An endpoint whose TLS certificate is not trusted answers the same way every time: no retries,
-  // and the message says how to trust a private CA.
-  if (/CERT|SELF_SIGNED|UNABLE_TO_(VERIFY|GET_ISSUER)/.test(code ?? "") || /invalid peer certificate|certificate/i.test(`${err.message ?? ""} ${err.cause?.message ?? ""}`)) {
-    return { kind: "fatal", detail: `${detail} (the endpoint's TLS certificate is not trusted: for a private CA set NODE_EXTRA_CA_CERTS, or DENO_CERT for Deno's fetch)`, error: e };
+  // An endpoint whose TLS certificate is refused answers the same way every time: no retries,
+  // and the message says what to fix. Messages are read without URLs (fetch's name the request,
+  // whose key may hold any word).
+  const text = `${err.message ?? ""} ${err.cause?.message ?? ""}`.replace(/https?:\/\/\S*/g, "");
+  if (code === "ERR_TLS_CERT_ALTNAME_INVALID" || /NotValidForName|does not match certificate/i.test(text)) {
+    return { kind: "fatal", detail: `${detail} (the endpoint's TLS certificate does not name its host: check the endpoint, and use path-style addressing for bucket names with dots)`, error: e };
+  }
+  if (
+    /^(SELF_SIGNED_CERT_IN_CHAIN|DEPTH_ZERO_SELF_SIGNED_CERT|UNABLE_TO_VERIFY_LEAF_SIGNATURE|UNABLE_TO_GET_ISSUER_CERT(_LOCALLY)?|CERT_HAS_EXPIRED|CERT_NOT_YET_VALID|CERT_UNTRUSTED|CERT_REJECTED)$/.test(code ?? "") ||
+    /invalid peer certificate|self[- ]signed certificate|unable to (verify|get local issuer)|certificate has expired/i.test(text)
+  ) {
+    return {
+      kind: "fatal",
+      detail: `${detail} (the endpoint's TLS certificate is refused: expired, or signed by a CA not trusted here; for a private CA set NODE_EXTRA_CA_CERTS, or DENO_CERT for Deno's fetch)`,
+      error: e,
+    };
   }
   if (/socket hang up|aborted|premature|ECONNRESET|terminated|other side closed/i.test(err.message ?? "")) {
     return { kind: "retry", detail, error: e, timeout: false };

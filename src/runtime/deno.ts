@@ -221,7 +221,16 @@ function peerIdentity(): CliHost["peers"] {
 /** An S3 origin's own fetch pool on Deno: an `HttpClient` keeping at most `maxIdle` idle connections, closed with the origin. */
 export function s3FetchPoolDeno(maxIdle: number): FetchPool {
   const client = Deno.createHttpClient({ poolMaxIdlePerHost: maxIdle });
-  return { init: { client }, close: () => client.close() };
+  let closed = false;
+  return {
+    init: { client },
+    // Deno's close() throws the second time; closing twice is harmless here.
+    close: () => {
+      if (closed) return;
+      closed = true;
+      client.close();
+    },
+  };
 }
 
 /** The cache directory's kernel lock on Deno: `FsFile.tryLock`, an exclusive `flock` as on Node. */

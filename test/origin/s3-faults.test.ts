@@ -261,7 +261,7 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
 
   // An endpoint whose certificate nothing trusts gives the same answer every time.
   for (const http of ["node", "fetch"] as const) {
-    it(`answers 502 at once, without retries, naming the way to trust a private CA, when the endpoint's TLS certificate is not trusted (--s3-http ${http})`, async () => {
+    it(`answers 502 at once, without retries, naming the way to trust a private CA, when the endpoint's TLS certificate is refused (--s3-http ${http})`, async () => {
       const key = join(ws.dir, "tls-key.pem");
       const cert = join(ws.dir, "tls-cert.pem");
       execFileSync("openssl", [
@@ -278,7 +278,7 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
       const res = await fetch(`${rf.url}/v1/objects/s3/obj.bin`);
       expect(res.status).toBe(502);
       const body = await res.json();
-      expect(body.message).toMatch(/Origin "s3" failed stat "obj.bin": .*certificate.*not trusted: for a private CA set NODE_EXTRA_CA_CERTS/);
+      expect(body.message).toMatch(/Origin "s3" failed stat "obj.bin": .*certificate is refused: expired, or signed by a CA not trusted here; for a private CA set NODE_EXTRA_CA_CERTS/);
       expect(body.message).not.toMatch(/attempts/);
       expect(performance.now() - t0).toBeLessThan(2000);
       expect(connections).toBe(1);

@@ -356,6 +356,44 @@ describe("S3Origin", () => {
     await origin.close();
   });
 
+  it("tells a refused TLS certificate from a connection error whose URL merely holds the word", async () => {
+    /** An S3Origin whose every request fails with `error`; returns the read's message and the attempts made. */
+    const failWith = async (error: Error) => {
+      let attempts = 0;
+      const origin = new S3Origin({
+        name: "t",
+        bucket: "bucket",
+        prefix: "",
+        region: "us-east-1",
+        client: { send: () => (attempts++, Promise.reject(error)), destroy: () => {} } as unknown as S3Client,
+        concurrency: 1,
+        timeoutMs: 1000,
+        retry: { retries: 1, baseMs: 1, capMs: 1 },
+        hedgeFactor: 0,
+      });
+      const err = (await origin.stat("k").catch((e) => e)) as Error;
+      await origin.close();
+      return { message: err.message, attempts };
+    };
+    // Deno's fetch names the URL in its message: a key under "certificates/" refused is retried.
+    const refused = await failWith(new TypeError("fetch failed", {
+      cause: new Error("error sending request for url (https://s3.local/bucket/certificates/a.bin): client error (Connect): tcp connect error: Connection refused (os error 111)"),
+    }));
+    expect(refused.attempts).toBe(2);
+    expect(refused.message).toMatch(/Connection refused.*\(2 attempts\)$/);
+    const unknownIssuer = await failWith(new TypeError("fetch failed", {
+      cause: new Error("error sending request for url (https://s3.local/bucket/k): client error (Connect): invalid peer certificate: UnknownIssuer"),
+    }));
+    expect(unknownIssuer.attempts).toBe(1);
+    expect(unknownIssuer.message).toMatch(/UnknownIssuer \(the endpoint's TLS certificate is refused: .*DENO_CERT/);
+    const wrongName = await failWith(Object.assign(new Error("Hostname/IP does not match certificate's altnames"), { code: "ERR_TLS_CERT_ALTNAME_INVALID" }));
+    expect(wrongName.attempts).toBe(1);
+    expect(wrongName.message).toMatch(/does not name its host: check the endpoint, and use path-style addressing/);
+    const expired = await failWith(Object.assign(new Error("certificate has expired"), { code: "CERT_HAS_EXPIRED" }));
+    expect(expired.attempts).toBe(1);
+    expect(expired.message).toMatch(/certificate is refused: expired/);
+  });
+
   it("rejects an unknown http client", () => {
     expect(() => new S3Origin({ name: "t", bucket: "bucket", prefix: "", http: "curl" as never, concurrency: 1, timeoutMs: 100, retry: { retries: 0, baseMs: 1, capMs: 1 }, hedgeFactor: 0 }))
       .toThrow(/http must be "node" or "fetch", received "curl"/);

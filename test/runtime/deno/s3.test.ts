@@ -219,7 +219,7 @@ Deno.test({
         assert.match((await dead.json()).message, /Origin "dead" failed stat "obj.bin": TypeError: fetch failed: .*Connection refused/);
         const bad = await fetch(`${listener.url}/v1/objects/untrusted/obj.bin`);
         assert.equal(bad.status, 502);
-        assert.match((await bad.json()).message, /invalid peer certificate.*not trusted: for a private CA set NODE_EXTRA_CA_CERTS, or DENO_CERT/);
+        assert.match((await bad.json()).message, /invalid peer certificate.*CA not trusted here; for a private CA set NODE_EXTRA_CA_CERTS, or DENO_CERT/);
         const metrics = await (await fetch(`${listener.url}/metrics`)).text();
         const timeouts = Number(/^rackfeed_origin_timeouts_total\{origin="s3"\} (\d+)/m.exec(metrics)?.[1]);
         assert.ok(proxy.counts.faults.stall > 0 && proxy.counts.faults.reset > 0 && proxy.counts.faults.trickle > 0, JSON.stringify(proxy.counts.faults));
