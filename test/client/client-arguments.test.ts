@@ -1,4 +1,3 @@
-import { execFileSync } from "node:child_process";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
@@ -7,6 +6,7 @@ import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
 import { createClient } from "../../src/client/node.ts";
 import { startFaultProxy } from "../helpers/fault-proxy.ts";
 import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { selfSignedCert } from "../helpers/tls.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
@@ -101,12 +101,7 @@ describe("RackfeedClient arguments", () => {
   });
 
   it("fails at once on an untrusted TLS certificate, without retries, naming the cause", async () => {
-    const key = join(ws.dir, "self-key.pem");
-    const cert = join(ws.dir, "self-cert.pem");
-    execFileSync("openssl", [
-      "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
-      "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-    ], { stdio: "ignore" });
+    const { key, cert } = selfSignedCert(ws.dir, "self");
     const tls = await startServer(ws, ["--tls-cert", cert, "--tls-key", key, "--cache-dir", join(ws.dir, "c-tls")]);
     try {
       for (const c of [createClient({ url: tls.url, shm: false }), new RackfeedClient({ url: tls.url })]) { // no `ca`

@@ -1,10 +1,10 @@
-import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
 import { createClient, http2Fetch } from "../../src/client/node.ts";
 import { expectSameBytes, freePort, makeWorkspace, patternBytes, readMetric, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { selfSignedCert } from "../helpers/tls.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
@@ -111,12 +111,7 @@ describe("RackfeedClient", () => {
 
 describe("createClient (rackfeed/client/node)", () => {
   it("takes the shm path when co-located, else HTTP/2 over TLS (ALPN), with the same bytes", async () => {
-    const key = join(ws.dir, "auto-key.pem");
-    const cert = join(ws.dir, "auto-cert.pem");
-    execFileSync("openssl", [
-      "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
-      "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-    ], { stdio: "ignore" });
+    const { key, cert } = selfSignedCert(ws.dir, "auto");
     const ca = readFileSync(cert, "utf8");
     const tls = await startServer(ws, [...args, "--tls-cert", cert, "--tls-key", key, "--shm-dir", join(ws.dir, "shm-auto"), "--cache-dir", join(ws.dir, "c-auto")]);
     const metrics = http2Fetch({ ca });

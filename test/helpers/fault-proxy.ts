@@ -40,7 +40,7 @@ export interface FaultProxy {
   /** `http://127.0.0.1:PORT` */
   readonly url: string;
   /** Requests seen, faults injected by kind, requests in flight now and at most, TCP connections accepted and open now. */
-  readonly counts: { requests: number; faults: Record<string, number>; inFlight: number; maxInFlight: number; connections: number; open: number };
+  readonly counts: { requests: number; faults: Record<string, number>; inFlight: number; maxInFlight: number; connections: number; readonly open: number };
   /** Replaces the rule (and resets nothing else). */
   setRule(rule: FaultRule): void;
   /** Closes the listener and every connection (upstream ones too). */
@@ -81,7 +81,16 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
   /** When the shared link has sent every byte handed to it so far (performance.now() ms). */
   let linkFreeAt = 0;
   const sockets = new Set<Socket>();
-  const counts = { requests: 0, faults: {} as Record<string, number>, inFlight: 0, maxInFlight: 0, connections: 0, open: 0 };
+  const counts = {
+    requests: 0,
+    faults: {} as Record<string, number>,
+    inFlight: 0,
+    maxInFlight: 0,
+    connections: 0,
+    get open() {
+      return sockets.size;
+    },
+  };
   let current = rule;
   /** Responses whose connection closed (answered, or the client left). */
   const left = new WeakSet<ServerResponse>();
@@ -200,12 +209,8 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
   server.keepAliveTimeout = 60_000;
   server.on("connection", (s) => {
     counts.connections++;
-    counts.open++;
     sockets.add(s);
-    s.on("close", () => {
-      counts.open--;
-      sockets.delete(s);
-    });
+    s.on("close", () => sockets.delete(s));
   });
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   const port = (server.address() as AddressInfo).port;

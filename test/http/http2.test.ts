@@ -1,4 +1,3 @@
-import { execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { Agent, get } from "node:http";
 import * as http2 from "node:http2";
@@ -8,6 +7,7 @@ import { join } from "node:path";
 import { Client } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { expectSameBytes, makeWorkspace, patternBytes, readMetric, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
+import { selfSignedCert } from "../helpers/tls.ts";
 import { type ChildServer, DENO, ROOT, runToExit, startChild } from "../helpers/spawn.ts";
 import { syntheticDataset } from "../helpers/token-data.ts";
 
@@ -20,12 +20,7 @@ let key: string;
 beforeAll(async () => {
   ws = await makeWorkspace();
   await ws.put("big.bin", body);
-  key = join(ws.dir, "key.pem");
-  cert = join(ws.dir, "cert.pem");
-  execFileSync("openssl", [
-    "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
-    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-  ], { stdio: "ignore" });
+  ({ key, cert } = selfSignedCert(ws.dir, "h2"));
 });
 afterAll(async () => {
   await ws.remove();

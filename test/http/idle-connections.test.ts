@@ -1,4 +1,3 @@
-import { execFileSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -7,6 +6,7 @@ import * as net from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Listener } from "../../src/runtime/listener.ts";
 import { listenNode } from "../../src/runtime/node.ts";
+import { selfSignedCert } from "../helpers/tls.ts";
 
 const IDLE_MS = 300;
 let listener: Listener;
@@ -78,13 +78,10 @@ describe("Node listener: connections without a request", () => {
   it("closes a TLS connection that never completes its handshake after the idle time too", async () => {
     const dir = mkdtempSync(join(tmpdir(), "rackfeed-tls-idle-"));
     try {
-      execFileSync("openssl", [
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", join(dir, "key.pem"), "-out", join(dir, "cert.pem"), "-days", "1",
-        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-      ], { stdio: "ignore" });
+      const { key, cert } = selfSignedCert(dir, "idle");
       const tlsListener = await listenNode(() => new Response("ok"), { hostname: "127.0.0.1", port: 0 }, {
-        cert: readFileSync(join(dir, "cert.pem"), "utf8"),
-        key: readFileSync(join(dir, "key.pem"), "utf8"),
+        cert: readFileSync(cert, "utf8"),
+        key: readFileSync(key, "utf8"),
       }, { idleMs: IDLE_MS });
       try {
         const ms = await closedAfter("", 5000, Number(new URL(tlsListener.url).port));

@@ -4,7 +4,6 @@
 // what happened in /metrics.
 
 import type { S3Client } from "@aws-sdk/client-s3";
-import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { writeFile } from "node:fs/promises";
 import { createServer as createTlsServer } from "node:https";
@@ -15,6 +14,7 @@ import { worstCaseMs } from "../../src/origin/retry.ts";
 import { type FaultProxy, type FaultRule, latency, onceEach, startFaultProxy } from "../helpers/fault-proxy.ts";
 import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { put, s3Client, s3ConfigFile, s3Server, uniquePrefix } from "../helpers/s3.ts";
+import { selfSignedCert } from "../helpers/tls.ts";
 import type { S3TestServer } from "../setup/s3-server.ts";
 
 const BLOCK = 128 * 1024;
@@ -262,12 +262,7 @@ describe("S3 origin faults (fault proxy in front of RGW)", () => {
   // An endpoint whose certificate nothing trusts gives the same answer every time.
   for (const http of ["node", "fetch"] as const) {
     it(`answers 502 at once, without retries, naming the way to trust a private CA, when the endpoint's TLS certificate is refused (--s3-http ${http})`, async () => {
-      const key = join(ws.dir, "tls-key.pem");
-      const cert = join(ws.dir, "tls-cert.pem");
-      execFileSync("openssl", [
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
-        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-      ], { stdio: "ignore" });
+      const { key, cert } = selfSignedCert(ws.dir, "tls");
       let connections = 0; // one attempt, no retry
       const tls = createTlsServer({ key: readFileSync(key), cert: readFileSync(cert) }, (_req, res) => res.end());
       tls.on("connection", () => connections++);

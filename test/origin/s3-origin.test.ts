@@ -7,7 +7,8 @@ import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { OriginError } from "../../src/errors.ts";
-import { S3Origin } from "../../src/origin/s3-origin.ts";
+import type { ObjectInfo } from "../../src/origin/origin.ts";
+import { S3Origin, type S3OriginOptions } from "../../src/origin/s3-origin.ts";
 import { startFaultProxy } from "../helpers/fault-proxy.ts";
 import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { put, s3Client, s3ConfigFile, s3Server, uniquePrefix } from "../helpers/s3.ts";
@@ -171,6 +172,25 @@ describe("S3 origin through rackfeed (real RGW)", () => {
   });
 });
 
+/** An S3Origin on a stand-in S3 client, for what no real server does on cue (ignore aborts, fail with a given error). */
+function originOn(client: unknown, over: Partial<S3OriginOptions> = {}): S3Origin {
+  return new S3Origin({
+    name: "t",
+    bucket: "bucket",
+    prefix: "",
+    region: "us-east-1",
+    client: client as S3Client,
+    concurrency: 1,
+    timeoutMs: 1000,
+    retry: { retries: 0, baseMs: 1, capMs: 1 },
+    hedgeFactor: 0,
+    ...over,
+  });
+}
+
+/** What a stat says of a stand-in object of `size` bytes. */
+const infoOf = (size: number): ObjectInfo => ({ size, etag: '"e"', version: '"e"', lastModified: new Date(0) });
+
 describe("S3Origin", () => {
   it("list() pages through continuation tokens, strips the origin prefix, stops at the limit", async () => {
     const p = uniquePrefix("list");
@@ -229,20 +249,10 @@ describe("S3Origin", () => {
       },
       destroy: () => {},
     };
-    const origin = new S3Origin({
-      name: "t",
-      bucket: "bucket",
-      prefix: "",
-      region: "us-east-1",
-      client: deaf as unknown as S3Client,
-      concurrency: 2,
-      timeoutMs: 100,
-      retry: { retries: 1, baseMs: 1, capMs: 1 },
-      hedgeFactor: 0,
-    });
+    const origin = originOn(deaf, { concurrency: 2, timeoutMs: 100, retry: { retries: 1, baseMs: 1, capMs: 1 } });
     const dest = new Uint8Array(100);
     const t0 = performance.now();
-    const err = await origin.read("k", { size: 100, etag: '"e"', version: '"e"', lastModified: new Date(0) }, 0, dest).catch((e) => e);
+    const err = await origin.read("k", infoOf(100), 0, dest).catch((e) => e);
     expect(err).toBeInstanceOf(OriginError);
     expect((err as OriginError).code).toBe("ORIGIN_TIMEOUT");
     expect((err as Error).message).toMatch(/no answer within 100 ms \(2 attempts\)/);
@@ -329,20 +339,9 @@ describe("S3Origin", () => {
         }),
       destroy: () => {},
     };
-    const origin = new S3Origin({
-      name: "t",
-      bucket: "bucket",
-      prefix: "",
-      region: "us-east-1",
-      client: client as unknown as S3Client,
-      concurrency: 1,
-      timeoutMs: 60_000,
-      retry: { retries: 0, baseMs: 1, capMs: 1 },
-      hedgeFactor: 0,
-    });
+    const origin = originOn(client, { timeoutMs: 60_000 });
     const ctl = new AbortController();
-    const read = origin.read("k", { size: 4 * 1024 * 1024, etag: '"e"', version: '"e"', lastModified: new Date(0) }, 0, new Uint8Array(4 * 1024 * 1024), ctl.signal)
-      .catch((e) => e);
+    const read = origin.read("k", infoOf(4 * 1024 * 1024), 0, new Uint8Array(4 * 1024 * 1024), ctl.signal).catch((e) => e);
     await atStall;
     await new Promise((r) => setTimeout(r, 50));
     gc();
@@ -360,17 +359,8 @@ describe("S3Origin", () => {
     /** An S3Origin whose every request fails with `error`; returns the read's message and the attempts made. */
     const failWith = async (error: Error) => {
       let attempts = 0;
-      const origin = new S3Origin({
-        name: "t",
-        bucket: "bucket",
-        prefix: "",
-        region: "us-east-1",
-        client: { send: () => (attempts++, Promise.reject(error)), destroy: () => {} } as unknown as S3Client,
-        concurrency: 1,
-        timeoutMs: 1000,
-        retry: { retries: 1, baseMs: 1, capMs: 1 },
-        hedgeFactor: 0,
-      });
+      const client = { send: () => (attempts++, Promise.reject(error)), destroy: () => {} };
+      const origin = originOn(client, { retry: { retries: 1, baseMs: 1, capMs: 1 } });
       const err = (await origin.stat("k").catch((e) => e)) as Error;
       await origin.close();
       return { message: err.message, attempts };
@@ -395,7 +385,6 @@ describe("S3Origin", () => {
   });
 
   it("rejects an unknown http client", () => {
-    expect(() => new S3Origin({ name: "t", bucket: "bucket", prefix: "", http: "curl" as never, concurrency: 1, timeoutMs: 100, retry: { retries: 0, baseMs: 1, capMs: 1 }, hedgeFactor: 0 }))
-      .toThrow(/http must be "node" or "fetch", received "curl"/);
+    expect(() => originOn(undefined, { http: "curl" as never })).toThrow(/http must be "node" or "fetch", received "curl"/);
   });
 });

@@ -9,6 +9,7 @@ import { loadConfig } from "../../../src/config/load.ts";
 import { listenDeno, s3FetchPoolDeno } from "../../../src/runtime/deno.ts";
 import { createServer } from "../../../src/server.ts";
 import { type Fault, onceEach, startFaultProxy } from "../../helpers/fault-proxy.ts";
+import { selfSignedCert } from "../../helpers/tls.ts";
 
 const ROOT = new URL("../../../", import.meta.url).pathname;
 const RGW_DIR = Deno.env.get("RGW_DIR") ?? "/tmp/rackfeed-rgw";
@@ -53,19 +54,38 @@ function pattern(n: number, seed: number): Uint8Array {
   return out;
 }
 
+/** What an S3 test needs: the gateway (started if need be), a work directory, a key prefix and an SDK client; `done()` lets them go. */
+async function s3Fixture(name: string) {
+  Deno.env.set("AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED", "true");
+  const s3 = await s3Env();
+  const dir = await Deno.makeTempDir({ prefix: `rackfeed-deno-${name}-` });
+  const prefix = `deno-${name}-${Date.now().toString(36)}/`;
+  const client = new S3Client({ endpoint: s3.endpoint, region: s3.region, forcePathStyle: true });
+  return {
+    s3,
+    dir,
+    prefix,
+    client,
+    async done() {
+      client.destroy();
+      await Deno.remove(dir, { recursive: true });
+      if (s3.started) {
+        await new Deno.Command("bash", { args: [`${ROOT}scripts/s3/stop-rgw.sh`], env: { RGW_DIR }, stdout: "null" }).output();
+      }
+    },
+  };
+}
+
 Deno.test({
   name: "S3 origin on Deno: random ranges across blocks equal the original; a dead endpoint gives 502 quickly",
   // The SDK keeps sockets and timers in its pool until destroyed; server.close() destroys it.
   sanitizeResources: false,
   sanitizeOps: false,
   async fn() {
-    Deno.env.set("AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED", "true");
-    const s3 = await s3Env();
-    const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-s3-" });
-    const prefix = `deno-${Date.now().toString(36)}/`;
+    const fx = await s3Fixture("s3");
+    const { s3, dir, prefix, client } = fx;
     const size = 700_001;
     const data = pattern(size, 3);
-    const client = new S3Client({ endpoint: s3.endpoint, region: s3.region, forcePathStyle: true });
     try {
       await client.send(new PutObjectCommand({ Bucket: s3.bucket, Key: `${prefix}obj.bin`, Body: data }));
       await Deno.writeTextFile(
@@ -111,11 +131,7 @@ Deno.test({
         await server.close();
       }
     } finally {
-      client.destroy();
-      await Deno.remove(dir, { recursive: true });
-      if (s3.started) {
-        await new Deno.Command("bash", { args: [`${ROOT}scripts/s3/stop-rgw.sh`], env: { RGW_DIR }, stdout: "null" }).output();
-      }
+      await fx.done();
     }
   },
 });
@@ -125,13 +141,10 @@ Deno.test({
   sanitizeResources: false,
   sanitizeOps: false,
   async fn() {
-    Deno.env.set("AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED", "true");
-    const s3 = await s3Env();
-    const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-s3-fetch-" });
-    const prefix = `deno-fetch-${Date.now().toString(36)}/`;
+    const fx = await s3Fixture("fetch");
+    const { s3, dir, prefix, client } = fx;
     const size = 2_000_003;
     const data = pattern(size, 11);
-    const client = new S3Client({ endpoint: s3.endpoint, region: s3.region, forcePathStyle: true });
     // A fault on the first sight of each ranged GET, drawn from a fixed sequence; retries pass.
     const kinds: Fault[] = [
       { kind: "stall", afterBytes: 100 },
@@ -150,13 +163,9 @@ Deno.test({
     const deadPort = (free.addr as Deno.NetAddr).port;
     free.close();
     // An HTTPS endpoint whose self-signed certificate nothing trusts.
-    await new Deno.Command("openssl", {
-      args: ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", `${dir}/key.pem`, "-out", `${dir}/cert.pem`, "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-      stdout: "null",
-      stderr: "null",
-    }).output();
+    const { key, cert } = selfSignedCert(dir, "untrusted");
     const untrusted = Deno.serve(
-      { hostname: "127.0.0.1", port: 0, cert: await Deno.readTextFile(`${dir}/cert.pem`), key: await Deno.readTextFile(`${dir}/key.pem`), onListen() {} },
+      { hostname: "127.0.0.1", port: 0, cert: await Deno.readTextFile(cert), key: await Deno.readTextFile(key), onListen() {} },
       () => new Response(""),
     );
     try {
@@ -236,13 +245,9 @@ Deno.test({
         assert.equal(proxy.counts.open, 0, `connections to the origin still open after close: ${proxy.counts.open}`);
       }
     } finally {
-      client.destroy();
       await proxy.close();
       await untrusted.shutdown();
-      await Deno.remove(dir, { recursive: true });
-      if (s3.started) {
-        await new Deno.Command("bash", { args: [`${ROOT}scripts/s3/stop-rgw.sh`], env: { RGW_DIR }, stdout: "null" }).output();
-      }
+      await fx.done();
     }
   },
 });
