@@ -6,7 +6,8 @@
  * Run from the repo root:   node --import tsx bench/datasets/warm-batches.ts
  * Knobs (environment): BENCH_STEPS=1500 (steps per pass = batches), BENCH_PASSES=2 (timed passes
  *   per measurement), BENCH_REPS=3 (interleaved repetitions), BENCH_CONCURRENCY=4 (second load level),
- *   BENCH_EXTRA_FLAGS="" (more serve flags for both servers, e.g. "--read-ahead-seconds 0").
+ *   BENCH_EXTRA_FLAGS="" (more serve flags for both servers, e.g. "--read-ahead-seconds 0"),
+ *   BENCH_PYTHON=/usr/bin/python3 (the python with numpy that runs the baseline).
  *
  * Per dataset: the plan (`(byteOffset, tokens)` pieces of every sample, from buildTokenDataset on
  * the same .idx and registration the server gets) is written for numpy. An untimed warm pass
@@ -80,7 +81,7 @@ function writePlan(ds: BenchDataset, prefix: string): { plan: string; window: nu
 
 function numpyRun(ds: BenchDataset, prefix: string, plan: string, window: number): { r: Result; hashes: string[]; version: string } {
   const out = join(OUT, `${ds.name}.numpy.json`);
-  const p = spawnSync("/usr/bin/python3", [
+  const p = spawnSync(process.env.BENCH_PYTHON ?? "/usr/bin/python3", [
     join(ROOT, "bench/datasets/numpy_gather.py"),
     `${prefix}.bin`,
     ds.numpyDtype,

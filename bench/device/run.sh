@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# bench/device/run.sh — the issue-5 benchmarks on a lent GPU machine (16 cores, one H100/H200):
+# bench/gpu (shm ring -> GPU), bench/transport (with TLS rows) and warm token batches vs numpy,
+# each with its baseline in the same run. Unpacks .devkit/ (bench/device/make-kit.sh) first.
+# Run there from the repo root: bash bench/device/run.sh [gpu] [transport] [warm]  (default: all)
+# Figures go to stdout and to $OUT (the device tool's folder), or bench/.out/device.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+out=${OUT:-bench/.out/device}
+mkdir -p "$out"
+parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(gpu transport warm)
+rt=/tmp/rackfeed-rt
+mkdir -p "$rt/bin" "$rt/root"
+t0=$(date +%s)
+[ -x "$rt/bin/node" ] || xz -dc .devkit/node.xz > "$rt/bin/node" &
+[ -x node_modules/deno/deno ] || { mkdir -p node_modules/deno && xz -dc .devkit/deno.xz > node_modules/deno/deno.part && mv node_modules/deno/deno.part node_modules/deno/deno; } &
+[ -d node_modules/tsx ] || xz -dc .devkit/nm.tar.xz | tar -xf - &
+wait
+chmod +x "$rt/bin/node" node_modules/deno/deno
+for f in .devkit/debs/*.deb; do dpkg -x "$f" "$rt/root"; done
+for t in wrk h2load; do
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$rt/root/usr/lib/x86_64-linux-gnu" "$rt/root/usr/bin/$t" > "$rt/bin/$t"
+  chmod +x "$rt/bin/$t"
+done
+export PATH="$rt/bin:$PATH"
+[ -d /dev/shm ] || { mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm; }
+tls=0; command -v openssl >/dev/null && tls=1
+py=$(command -v python3)
+echo "unpacked in $(( $(date +%s) - t0 )) s; node $(node --version), $(node_modules/deno/deno --version | head -1), $py"
+echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(free -g | awk '/Mem:/{print $2}') GiB, kernel $(uname -r)"
+nvidia-smi -L 2>&1 | head -2
+df -h /dev/shm | tail -1
+for t in wrk h2load; do LD_LIBRARY_PATH=$rt/root/usr/lib/x86_64-linux-gnu ldd "$rt/root/usr/bin/$t" | grep 'not found' && echo "$t is missing libraries"; done
+"$py" -c 'import numpy, msgpack, torch; print("numpy", numpy.__version__, "torch", torch.__version__, "cuda", torch.cuda.is_available())'
+part() { # name, seconds, command...
+  local name=$1 secs=$2; shift 2
+  echo; echo "## $name — $(date -u '+%H:%M:%S UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  timeout "$secs" "$@" 2>&1 | tee "$out/$name.txt"
+  echo "($name: exit ${PIPESTATUS[0]})"
+}
+for p in "${parts[@]}"; do
+  case $p in
+    gpu) BENCH_PYTHON=$py part gpu "${BENCH_GPU_SECONDS:-150}" node --import tsx bench/gpu/run.ts ;;
+    transport) BENCH_TLS=$tls part transport "${BENCH_TRANSPORT_SECONDS:-240}" node --import tsx bench/transport/run.ts ;;
+    warm) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} part warm "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
+    *) echo "unknown part $p (gpu|transport|warm)" >&2; exit 2 ;;
+  esac
+done
