@@ -6,7 +6,9 @@
 // block in the memory tier), rings on /dev/shm; t_wait and t_h2d as the trainer sees them.
 //
 // Needs a CUDA GPU and a python3 with torch, numpy and msgpack (BENCH_PYTHON, default python3).
-// Run: node --import tsx bench/gpu/run.ts      Knobs: BENCH_PASSES=6, BENCH_PYTHON=python3
+// Each row: an untimed consumer over STEPS batches, then one consumer over STEPS × PASSES, timed
+// as a trainer iterates; its ring's setup (open -> mapped and page-locked) is its own column.
+// Run: node --import tsx bench/gpu/run.ts      Knobs: BENCH_PASSES=8, BENCH_PYTHON=python3
 
 import { spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -16,13 +18,15 @@ import { NODE, NODE_TS, ROOT, startChild } from "../../test/helpers/spawn.ts";
 import { syntheticDataset } from "../../test/helpers/token-data.ts";
 
 const PYTHON = process.env.BENCH_PYTHON ?? "python3";
-const PASSES = Number(process.env.BENCH_PASSES ?? 6);
+const PASSES = Number(process.env.BENCH_PASSES ?? 8);
 const SIZES = [{ name: "8×4097 (64 KiB)", mb: 8, steps: 400 }, { name: "1 MiB", mb: 128, steps: 150 }, { name: "8 MiB", mb: 1024, steps: 18 }] as const;
 
 interface Figures {
   mode: string;
   batches: number;
   gbps: number;
+  ring_setup: number;
+  first_wait: number;
   t_wait_p50: number;
   t_wait_p99: number;
   t_h2d_p50: number;
@@ -62,12 +66,12 @@ try {
         const f = JSON.parse(p.stdout.trim().split("\n").pop()!) as Figures;
         device = f.device;
         const ring = mode === "registered" ? `page-locked ring (${f.register_flags})` : "pageable ring";
-        rows.push(`| ${name} | ${ring} | ${f.batches} | ${f.gbps.toFixed(2)} | ${f.pinned_gbps.toFixed(2)} | ${(f.gbps / f.pinned_gbps).toFixed(2)}× | ${f.pageable_gbps.toFixed(2)} | ${ms(f.t_wait_p50)} | ${ms(f.t_wait_p99)} | ${ms(f.t_h2d_p50)} | ${ms(f.t_h2d_p99)} |`);
+        rows.push(`| ${name} | ${ring} | ${f.batches} | ${f.gbps.toFixed(2)} | ${f.pinned_gbps.toFixed(2)} | ${(f.gbps / f.pinned_gbps).toFixed(2)}× | ${f.pageable_gbps.toFixed(2)} | ${ms(f.t_wait_p50)} | ${ms(f.t_wait_p99)} | ${ms(f.t_h2d_p50)} | ${ms(f.t_h2d_p99)} | ${ms(f.ring_setup)} | ${ms(f.first_wait)} |`);
       }
     }
-    console.log(`GPU: ${device}; rackfeed on Node, warm, rings in ${shmRoot}; ${PASSES} timed passes per row`);
-    console.log(`| batch | ring | batches | shm → GPU GB/s | pinned H2D GB/s (limit) | × limit | pageable H2D GB/s | t_wait p50 ms | p99 ms | t_h2d p50 ms | p99 ms |`);
-    console.log(`|---|---|---|---|---|---|---|---|---|---|---|`);
+    console.log(`GPU: ${device}; rackfeed on Node, warm, rings in ${shmRoot}; one consumer of STEPS × ${PASSES} batches per row`);
+    console.log(`| batch | ring | batches | shm → GPU GB/s | pinned H2D GB/s (limit) | × limit | pageable H2D GB/s | t_wait p50 ms | p99 ms | t_h2d p50 ms | p99 ms | ring setup ms | first t_wait ms |`);
+    console.log(`|---|---|---|---|---|---|---|---|---|---|---|---|---|`);
     for (const r of rows) console.log(r);
   } catch (e) {
     console.error(`server output:\n${server.output().slice(-3000)}`);

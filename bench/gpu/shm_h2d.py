@@ -9,10 +9,13 @@ GPU: the host-to-device bandwidth of a pinned buffer of the batch's size (the ph
 any host-to-GPU feed) and of a pageable one.
 
 Usage: shm_h2d.py SOCKET DATASET MICRO_BATCH STEPS PASSES registered|pageable
-Prints one JSON line: {"mode", "batches", "seconds", "bytes", "gbps", "t_wait_p50", "t_wait_p99",
-"t_h2d_p50", "t_h2d_p99", "pinned_gbps", "pageable_gbps", "register_flags", "device"}
-(seconds: from the first timed batch to the last one landed on the GPU; t_wait: how long the
-trainer waited for the slot; t_h2d: copy issued -> copy finished). The first pass is untimed.
+Prints one JSON line: {"mode", "batches", "seconds", "bytes", "gbps", "ring_setup", "first_wait",
+"t_wait_p50", "t_wait_p99", "t_h2d_p50", "t_h2d_p99", "pinned_gbps", "pageable_gbps",
+"register_flags", "device"}. An untimed consumer reads steps 0..STEPS-1 first; the timed one
+reads steps 0..STEPS×PASSES-1, as a trainer iterates (seconds: from its ring mapped and
+registered to its last batch landed on the GPU; ring_setup: `open` sent -> ring mapped and
+registered; t_wait: how long the trainer waited for each slot, first_wait the first; t_h2d:
+copy issued -> copy finished).
 Needs python3 with torch (CUDA), numpy and msgpack.
 """
 
@@ -67,13 +70,14 @@ def main():
 
     lat_wait, lat_h2d, total_bytes = [], [], 0
     register_flags = None
-    t_start = None
-    for p in range(passes + 1):
+    for p in range(2):  # an untimed consumer over STEPS, then the timed one over STEPS × PASSES
+        end_step = steps if p == 0 else steps * passes
+        t_open = time.perf_counter()
         ch = Channel(sock_path)  # one consumer per connection
         ch.send({"t": "hello", "version": 2})
         assert ch.receive()["t"] == "welcome"
         ch.send({"t": "open", "dataset": dataset, "rank": 0, "world": 1, "microBatch": micro_batch,
-                 "startStep": 0, "endStep": steps, "slots": 4, "notify": "wait"})
+                 "startStep": 0, "endStep": end_step, "slots": 4, "notify": "wait"})
         ring = ch.receive()
         assert ring["t"] == "ring", ring
         mem = map_ring(ring, writable=False)
@@ -96,10 +100,10 @@ def main():
                     raise SystemExit(f"cudaHostRegister failed: {rc}")
             registered = True
         dst = torch.empty(slot_bytes, dtype=torch.uint8, device=dev)
-        if p == 1:
-            t_start = time.perf_counter()
+        t_start = time.perf_counter()
+        ring_setup = t_start - t_open
         step, ended = 0, False
-        while step < steps:
+        while step < end_step:
             slot = step % slots
             generation = step + 1
             t0 = time.perf_counter()
@@ -127,6 +131,7 @@ def main():
                 lat_h2d.append(t2 - t1)
                 total_bytes += length
             step += 1
+        seconds = time.perf_counter() - t_start
         ch.flush()
         while not ended:
             ended = ch.receive()["t"] == "end"
@@ -135,7 +140,6 @@ def main():
             torch.cuda.cudart().cudaHostUnregister(host.ctypes.data)
         del src, host
         mem.close()
-    seconds = time.perf_counter() - t_start
     n = slot_bytes
     pinned = torch.empty(n, dtype=torch.uint8).pin_memory()
     pageable = torch.from_numpy(np.ones(n, dtype=np.uint8))
@@ -143,6 +147,7 @@ def main():
     print(json.dumps({
         "mode": mode, "batches": len(lat_h2d), "seconds": seconds, "bytes": total_bytes,
         "gbps": total_bytes / seconds / 1e9,
+        "ring_setup": ring_setup, "first_wait": lat_wait[0],
         "t_wait_p50": pct(lat_wait, 0.5), "t_wait_p99": pct(lat_wait, 0.99),
         "t_h2d_p50": pct(lat_h2d, 0.5), "t_h2d_p99": pct(lat_h2d, 0.99),
         "pinned_gbps": h2d_gbps(pinned, gpu), "pageable_gbps": h2d_gbps(pageable, gpu),

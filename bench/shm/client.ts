@@ -3,11 +3,15 @@
  * shared-memory path with the SDK and prints one JSON line of figures. On Deno the ring is mapped
  * (zero copies); on Node it is read with pread into a reused buffer.
  *
- * Run: deno run -A bench/shm/client.ts URL DATASET MICRO_BATCH STEPS PASSES [--hash]
+ * Run: deno run -A bench/shm/client.ts URL DATASET MICRO_BATCH STEPS PASSES [--hash] [--continuous]
  *  or: node --import tsx bench/shm/client.ts ...
- * Output: {"runtime", "transport", "batches", "seconds", "bytes", "p50", "p99", "hashes"?, "lat"?}
- * (latencies = t_wait: how long each `next()` blocked; the first pass is untimed, and with
- * --hash it returns the sha256 of every batch, for comparison with another path).
+ * Output: {"runtime", "transport", "batches", "seconds", "bytes", "p50", "p99", "firstWait",
+ * "hashes"?, "lat"?} (latencies = t_wait: how long each `next()` blocked; the first pass is
+ * untimed, and with --hash it returns the sha256 of every batch, for comparison with another
+ * path). Each timed pass is a new consumer (a new ring) over steps 0..STEPS-1; with
+ * --continuous the timed passes are one consumer over steps 0..STEPS×PASSES-1, as a trainer
+ * iterates, and `firstWait` is its first batch's t_wait: the cost of a new consumer (its ring
+ * made and mapped, the first batch filled).
  */
 
 import { RackfeedClient } from "../../src/client/mod.ts";
@@ -36,11 +40,14 @@ for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endSte
     hashes.push([...new Uint8Array(d)].map((x) => x.toString(16).padStart(2, "0")).join(""));
   }
 }
+const continuous = args.includes("--continuous");
 const lat: number[] = [];
+let firstWait = NaN;
 let bytes = 0;
 const t0 = performance.now();
-for (let p = 0; p < passes && Date.now() < deadline; p++) {
-  for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep: steps, prefetch: 3 })) {
+for (let p = 0; p < (continuous ? 1 : passes) && Date.now() < deadline; p++) {
+  for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep: continuous ? steps * passes : steps, prefetch: 3 })) {
+    if (lat.length === 0) firstWait = b.waitSeconds;
     lat.push(b.waitSeconds);
     bytes += b.tokens.byteLength;
     // A trainer reads its batch: touch one byte per page, so a lazily mapped slot is really read.
@@ -60,5 +67,6 @@ console.log(JSON.stringify({
   bytes,
   p50: lat[Math.floor(lat.length / 2)],
   p99: lat[Math.floor(lat.length * 0.99)],
+  firstWait,
   ...(hash ? { hashes, lat: lat.map((x) => Math.round(x * 1e7) / 1e7) } : {}),
 }));

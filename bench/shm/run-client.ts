@@ -10,13 +10,15 @@ export interface ShmClientFigures {
   readonly bytes: number;
   readonly p50: number;
   readonly p99: number;
+  /** With --continuous: the timed consumer's first t_wait (its ring made, its first batch filled). */
+  readonly firstWait?: number;
   readonly hashes?: string[];
   readonly lat?: number[];
 }
 
 /**
  * @param client which runtime runs the SDK
- * @param argv URL DATASET MICRO_BATCH STEPS PASSES [--hash]
+ * @param argv URL DATASET MICRO_BATCH STEPS PASSES [--hash] [--continuous]
  */
 export function runShmClient(client: "deno" | "node", argv: string[]): ShmClientFigures {
   const script = `${ROOT}bench/shm/client.ts`;

@@ -3,9 +3,11 @@
 // single-thread memcpy of the batch size, cache-hot (the physical limit of a copy) and from
 // memory (pieces of a region far larger than the caches: the bandwidth a copy out of a large
 // memory tier meets), and rackfeed's own batch assembly in this process with no transport (the
-// gather every transport pays); the cost of a new ring's first write to each page (paid once per ring: each shm row
-// opens a new ring per pass); and p50/p99 latency of a token batch (micro_batch 8 × 4097 uint16
-// tokens) per transport. Rings live in a fresh directory under /dev/shm (tmpfs), as deployed.
+// gather every transport pays); the cost of a new ring's first write to each page (paid once per
+// ring); and p50/p99 latency of a token batch (micro_batch 8 × 4097 uint16
+// tokens) per transport. Each shm row's throughput is one consumer iterating the whole timed run
+// (STEPS × PASSES batches), as a trainer does; the cost of starting a consumer (its ring made and
+// mapped, its first batch filled) is its own column. Rings live in a fresh directory under /dev/shm (tmpfs), as deployed.
 // Client: node:http (keep-alive) and node:http2, 4 requests in flight, bounded by time.
 //
 // Run: bash bench/transport/run.sh (installs wrk, h2load) or node --import tsx bench/transport/run.ts
@@ -197,11 +199,12 @@ try {
   for (const { mb, steps } of SIZES) asm.push(await assemblyGBs(serveFlags(`${ws.dir}/c-asm`), "d", mb, steps, 2));
   const [asm1, asm8] = asm;
   console.log(`batch assembly alone (plan + gather copy from memory-tier blocks into a reused buffer, one thread, this process): 1 MiB ${asm1.toFixed(2)} GB/s, 8 MiB ${asm8.toFixed(2)} GB/s`);
-  console.log(`\n| server | transport | 1 MiB batches GB/s | vs memcpy | vs memcpy from memory | vs assembly | 8 MiB batches GB/s | vs memcpy | vs memcpy from memory | vs assembly | batch 8×4097 u16 p50 ms | p99 ms |`);
-  console.log(`|---|---|---|---|---|---|---|---|---|---|---|---|`);
+  console.log(`\n| server | transport | 1 MiB batches GB/s | vs memcpy | vs memcpy from memory | vs assembly | 8 MiB batches GB/s | vs memcpy | vs memcpy from memory | vs assembly | batch 8×4097 u16 p50 ms | p99 ms | new consumer's first batch ms, 1 / 8 MiB |`);
+  console.log(`|---|---|---|---|---|---|---|---|---|---|---|---|---|`);
   const ratio = (a: number, b: number) => `${(a / b).toFixed(2)}×`;
-  const row = (name: string, t: string, g1: number, g8: number, p50: number, p99: number) =>
-    console.log(`| ${name} | ${t} | ${g1.toFixed(2)} | ${ratio(g1, memcpy1)} | ${ratio(g1, fromMemory1)} | ${ratio(g1, asm1)} | ${g8.toFixed(2)} | ${ratio(g8, memcpy8)} | ${ratio(g8, fromMemory8)} | ${ratio(g8, asm8)} | ${Number.isNaN(p50) ? "–" : p50.toFixed(3)} | ${Number.isNaN(p99) ? "–" : p99.toFixed(3)} |`);
+  const opt = (x: number | undefined, digits: number) => (x === undefined || Number.isNaN(x) ? "–" : x.toFixed(digits));
+  const row = (name: string, t: string, g1: number, g8: number, p50: number, p99: number, first?: [number, number]) =>
+    console.log(`| ${name} | ${t} | ${g1.toFixed(2)} | ${ratio(g1, memcpy1)} | ${ratio(g1, fromMemory1)} | ${ratio(g1, asm1)} | ${g8.toFixed(2)} | ${ratio(g8, memcpy8)} | ${ratio(g8, fromMemory8)} | ${ratio(g8, asm8)} | ${opt(p50, 3)} | ${opt(p99, 3)} | ${first ? `${opt(first[0], 1)} / ${opt(first[1], 1)}` : "–"} |`);
   for (const [name, cmd, pre] of [
     ["deno", DENO, ["run", "-A", `${ROOT}src/main.ts`]],
     ["node", NODE, [...NODE_TS, `${ROOT}src/main.node.ts`]],
@@ -250,12 +253,12 @@ try {
         }
       }
       for (const client of ["deno", "node"] as const) {
-        const gbs = SIZES.map(({ mb, steps }) => {
-          const f = runShmClient(client, [server.url, "d", String(mb), String(steps), String(PASSES)]);
-          return f.bytes / f.seconds / 1e9;
-        });
+        // One consumer iterates the whole timed run, as a trainer does (a new ring costs once per
+        // consumer: its first batch's wait, shown on its own).
+        const runs = SIZES.map(({ mb, steps }) => runShmClient(client, [server.url, "d", String(mb), String(steps), String(PASSES), "--continuous"]));
         const lat = runShmClient(client, [server.url, "d", String(LAT_MB), "200", "3"]);
-        row(name, `shm, ${client} client (mapped); latency = t_wait`, gbs[0], gbs[1], lat.p50 * 1000, lat.p99 * 1000);
+        const [g1, g8] = runs.map((f) => f.bytes / f.seconds / 1e9);
+        row(name, `shm, ${client} client (mapped); latency = t_wait`, g1, g8, lat.p50 * 1000, lat.p99 * 1000, [runs[0].firstWait! * 1000, runs[1].firstWait! * 1000]);
       }
     } catch (e) {
       console.error(`${name} server output:\n${server.output().slice(-3000)}`);

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# bench/transport/bare.sh — HTTP/2 (h2c) ÷ HTTP/1.1 of the bare runtimes (bench/transport/bare-servers.mjs),
+# 1 MiB and 8 MiB bodies, with the load generators and settings of bench/transport/run.ts
+# (wrk -t1 -c4, h2load -c1 -m4, 3 s each): the ratio rackfeed's own rows are read against.
+# Run from the repo root: bash bench/transport/bare.sh   (needs wrk, h2load, node, node_modules/.bin/deno)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+gbs() { # value unit -> GB/s
+  awk -v v="$1" -v u="$2" 'BEGIN { m = (u == "GB") ? 1024^3 : (u == "MB") ? 1024^2 : (u == "KB") ? 1024 : 1; printf "%.2f", v * m / 1e9 }'
+}
+echo "| runtime | body | HTTP/1.1 GB/s | h2c GB/s | h2c ÷ HTTP/1.1 |"
+echo "|---|---|---|---|---|"
+for rt in node deno; do
+  for mib in 1 8; do
+    log=$(mktemp)
+    if [ $rt = node ]; then node bench/transport/bare-servers.mjs $((mib << 20)) > "$log" & else node_modules/.bin/deno run -A bench/transport/bare-servers.mjs $((mib << 20)) > "$log" & fi
+    pid=$!
+    for _ in $(seq 1 100); do [ "$(grep -c . "$log")" -ge 2 ] && break; sleep 0.1; done
+    p1=$(awk '$1 == "h1" { print $2 }' "$log"); p2=$(awk '$1 == "h2c" { print $2 }' "$log")
+    read -r v1 u1 < <(wrk -t1 -c4 -d3s "http://127.0.0.1:$p1/" | sed -n 's/^Transfer\/sec: *\([0-9.]*\)\([KMG]*B\).*/\1 \2/p')
+    read -r v2 u2 < <(h2load -c1 -m4 -D 3 "http://127.0.0.1:$p2/" | sed -n 's/^finished in .*, \([0-9.]*\)\([KMG]*B\)\/s.*/\1 \2/p')
+    kill $pid 2>/dev/null; wait $pid 2>/dev/null || true; rm -f "$log"
+    g1=$(gbs "$v1" "$u1"); g2=$(gbs "$v2" "$u2")
+    echo "| $rt | $mib MiB | $g1 | $g2 | $(awk -v a="$g2" -v b="$g1" 'BEGIN { printf "%.2f", a / b }')× |"
+  done
+done
