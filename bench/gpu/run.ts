@@ -6,7 +6,7 @@
 // block in the memory tier), rings on /dev/shm; t_wait and t_h2d as the trainer sees them.
 //
 // Needs a CUDA GPU and a python3 with torch, numpy and msgpack (BENCH_PYTHON, default python3).
-// Each row: an untimed consumer over STEPS batches, then one consumer over STEPS × PASSES, timed
+// Each row: an untimed consumer over STEPS × PASSES batches, then one over the same steps, timed
 // as a trainer iterates; its ring's setup (open -> mapped and page-locked) is its own column.
 // Run: node --import tsx bench/gpu/run.ts      Knobs: BENCH_PASSES=8, BENCH_PYTHON=python3
 

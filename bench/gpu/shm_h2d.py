@@ -11,8 +11,8 @@ any host-to-GPU feed) and of a pageable one.
 Usage: shm_h2d.py SOCKET DATASET MICRO_BATCH STEPS PASSES registered|pageable
 Prints one JSON line: {"mode", "batches", "seconds", "bytes", "gbps", "ring_setup", "first_wait",
 "t_wait_p50", "t_wait_p99", "t_h2d_p50", "t_h2d_p99", "pinned_gbps", "pageable_gbps",
-"register_flags", "device"}. An untimed consumer reads steps 0..STEPS-1 first; the timed one
-reads steps 0..STEPS×PASSES-1, as a trainer iterates (seconds: from its ring mapped and
+"register_flags", "device"}. An untimed consumer reads steps 0..STEPS×PASSES-1 first; the
+timed one reads them again, as a trainer iterates (seconds: from its ring mapped and
 registered to its last batch landed on the GPU; ring_setup: `open` sent -> ring mapped and
 registered; t_wait: how long the trainer waited for each slot, first_wait the first; t_h2d:
 copy issued -> copy finished).
@@ -70,8 +70,10 @@ def main():
 
     lat_wait, lat_h2d, total_bytes = [], [], 0
     register_flags = None
-    for p in range(2):  # an untimed consumer over STEPS, then the timed one over STEPS × PASSES
-        end_step = steps if p == 0 else steps * passes
+    # An untimed consumer, then the timed one, over the same steps: the server then holds their
+    # plans for each row alike (the first row to read fresh steps would pay planning).
+    for p in range(2):
+        end_step = steps * passes
         t_open = time.perf_counter()
         ch = Channel(sock_path)  # one consumer per connection
         ch.send({"t": "hello", "version": 2})
