@@ -59,6 +59,8 @@ interface Consumer {
   windowBytes: number;
   /** For each block key of `scheduled`, the dues of the steps that need it, in step order. */
   dues: Map<string, number[]>;
+  /** Steps skipped on the way to `step` and not served yet (at most `OWED_STEPS`). */
+  owed: number[];
 }
 
 /** A scheduled use this far in the past no longer protects its block. */
@@ -70,6 +72,14 @@ const STALE_AFTER_MS = 2000;
 export const IDLE_CONSUMER_MS = 10 * 60_000;
 /** Next-use entries kept before stale ones are swept. */
 const NEXT_USE_PRUNE_AT = 100_000;
+/**
+ * Steps skipped by a consumer's move forward that are remembered as owed (at most this many). A
+ * client with several requests in flight (the SDK's prefetch, HTTP/2 streams) has its steps
+ * arrive out of order, and an owed step that comes late is a straggler, not a jump back: treated
+ * as a jump, each one dropped and rebuilt the whole look-ahead window (a third of the server's
+ * time for 64 KiB batches at 4 in flight). A step already served is a jump (a resume).
+ */
+const OWED_STEPS = 16;
 
 /** Samples of `step` for a consumer: `[first, first + microBatch)`. */
 export function stepSamples(step: number, rank: number, world: number, microBatch: number): number {
@@ -126,6 +136,20 @@ export class ReadAhead {
     let c = this.#consumers.get(id);
     if (c) {
       this.#consumers.delete(id);
+      const owed = c.reg === reg && step < c.step ? c.owed.indexOf(step) : -1;
+      if (owed >= 0) {
+        // Skipped and now served after a later step: its blocks were released then, and the
+        // window stands.
+        c.owed.splice(owed, 1);
+        c.lastAt = now;
+        this.#consumers.set(id, c);
+        return;
+      }
+      if (c.reg !== reg || step < c.step) c.owed.length = 0;
+      else if (step - c.step - 1 <= OWED_STEPS) {
+        for (let s = c.step + 1; s < step; s++) c.owed.push(s);
+        if (c.owed.length > OWED_STEPS) c.owed.splice(0, c.owed.length - OWED_STEPS);
+      }
       if (step === c.step + 1) {
         const dt = (now - c.lastAt) / 1000;
         c.stepSeconds = c.stepSeconds === 0 ? dt : 0.8 * c.stepSeconds + 0.2 * dt;
@@ -141,7 +165,7 @@ export class ReadAhead {
       c.step = step;
       c.lastAt = now;
     } else {
-      c = { key: consumer, reg, step, lastAt: now, stepSeconds: 0, warmedThrough: step, scheduled: new Map(), windowBytes: 0, dues: new Map() };
+      c = { key: consumer, reg, step, lastAt: now, stepSeconds: 0, warmedThrough: step, scheduled: new Map(), windowBytes: 0, dues: new Map(), owed: [] };
       if (this.#consumers.size >= this.#opts.maxConsumers) {
         const oldest = this.#consumers.keys().next().value!;
         this.#release(this.#consumers.get(oldest)!, Infinity);

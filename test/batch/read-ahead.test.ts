@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { IDLE_CONSUMER_MS } from "../../src/batch/read-ahead.ts";
 import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { syntheticDataset } from "../helpers/token-data.ts";
@@ -117,6 +117,37 @@ describe("schedule-aware read-ahead", () => {
       await batch(0, 3); // the next consumer seen sweeps the idle ones
       expect(await consumers()).toEqual(["0/3", "1/2"]);
     }, () => performance.now() + skew);
+  });
+
+  it("keeps the look-ahead window when a step arrives after a later one (requests in flight), and starts over after a real jump back", async () => {
+    await withServer([], async (rf) => {
+      const get = async (step: number) => {
+        const res = await fetch(`${rf.url}/v1/datasets/big/batches/${step}?rank=1&world=2&micro_batch=8`);
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+      };
+      const consumer = () => rf.server.readAhead.lookahead().find((c) => c.rank === 1 && c.world === 2)!;
+      for (let s = 0; s < 10; s++) await get(s);
+      await get(11);
+      const before = consumer();
+      expect(before.step).toBe(11);
+      expect(before.stepsScheduled).toBeGreaterThan(0);
+      const warm = vi.spyOn(rf.server.cache, "warm");
+      try {
+        await get(10); // the straggler of a client with two requests in flight
+        expect(warm).not.toHaveBeenCalled(); // the window was not dropped and scheduled again
+        expect(consumer().step).toBe(11);
+        expect(consumer().stepsScheduled).toBe(before.stepsScheduled);
+        await get(12); // in order again: the window moves on by one step
+        expect(consumer().step).toBe(12);
+        warm.mockClear();
+        await get(5); // served before: a resume from an earlier checkpoint, scheduled afresh
+        expect(consumer().step).toBe(5);
+        expect(warm).toHaveBeenCalled();
+      } finally {
+        warm.mockRestore();
+      }
+    });
   });
 
   it("starts over from a consumer's new position after a jump (resume at another step)", async () => {
