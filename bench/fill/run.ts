@@ -235,7 +235,7 @@ async function startProxy(): Promise<{ url: string; close: () => Promise<void> }
     });
     child.once("exit", (code) => reject(new Error(`fault proxy exited with ${code}`)));
   });
-  return { url, close: async () => void child.kill("SIGKILL") };
+  return { url, close: () => Promise.resolve(void child.kill("SIGKILL")) };
 }
 
 await ensureUploaded([...LARGE, ...SHARDS]);

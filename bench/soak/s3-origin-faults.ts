@@ -346,13 +346,13 @@ async function runOne(
       if (status !== 404 && !DOCUMENTED_ERRORS.has(status)) problem(`${what}: status ${status} for a missing key`);
       let buf = "";
       for await (const c of res.body) buf += Buffer.from(c).toString();
-      if (status !== 404) await noteError(status, res, what, ps, 0, buf);
+      if (status !== 404) noteError(status, res, what, ps, 0, buf);
       return outcome;
     }
     if (DOCUMENTED_ERRORS.has(status)) {
       let buf = "";
       for await (const c of res.body) buf += Buffer.from(c).toString();
-      await noteError(status, { headers: res.headers }, what, ps, 0, p.method === "HEAD" ? undefined : buf);
+      noteError(status, { headers: res.headers }, what, ps, 0, p.method === "HEAD" ? undefined : buf);
       return outcome;
     }
     const etag = (h("etag") ?? "").replace(/"/g, "");
@@ -456,7 +456,7 @@ async function runOne(
   return outcome;
 }
 
-async function noteError(status: number, res: { headers: Record<string, unknown> }, what: string, ps: Stats, _n: number, body?: string): Promise<void> {
+function noteError(status: number, res: { headers: Record<string, unknown> }, what: string, ps: Stats, _n: number, body?: string): void {
   let code = "";
   if (body !== undefined) {
     try {
@@ -515,7 +515,7 @@ async function reader(i: number): Promise<void> {
 // ---- phases ----
 const phaseLog: { name: string; stats: Stats; snap: Awaited<ReturnType<typeof snapshot>> }[] = [];
 let phaseName = "start";
-async function phase(name: string, proxyRule: string, seconds: number, during?: () => Promise<void>): Promise<void> {
+async function phase(name: string, proxyRule: string, seconds: number, during?: () => void | Promise<void>): Promise<void> {
   phaseStats = newStats();
   phaseName = name;
   log(`phase ${name}: ${await proxyPhase(proxyRule)} for ${Math.round(seconds * SCALE)} s`);
@@ -546,7 +546,7 @@ if (process.env.SOAK_PHASES) {
 } else {
 await phase("clean", "clean", 25);
 await phase("latency", "latency", 25);
-await phase("faults", "faults", 60, async () => {
+await phase("faults", "faults", 60, () => {
   void (async () => {
     await sleep(25_000 * SCALE);
     log("overwriting big-2.bin (same size) and small-3m.bin (new size)");
