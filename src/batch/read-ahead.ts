@@ -145,8 +145,8 @@ export class ReadAhead {
         this.#consumers.set(id, c);
         return;
       }
-      if (c.reg !== reg || step < c.step) c.owed.length = 0;
-      else if (step - c.step - 1 <= OWED_STEPS) {
+      if (c.reg !== reg || step < c.step || step - c.step - 1 > OWED_STEPS) c.owed.length = 0; // a jump
+      else {
         for (let s = c.step + 1; s < step; s++) c.owed.push(s);
         if (c.owed.length > OWED_STEPS) c.owed.splice(0, c.owed.length - OWED_STEPS);
       }
