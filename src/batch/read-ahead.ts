@@ -49,7 +49,10 @@ interface Consumer {
   key: ConsumerKey;
   reg: RegisteredDataset;
   step: number;
-  lastAt: number;
+  /** When `step` was reached (a move forward); the step time is measured from it. */
+  movedAt: number;
+  /** When the consumer was last served anything (late steps included); idle consumers are forgotten. */
+  seenAt: number;
   stepSeconds: number;
   /** Highest step whose blocks have been warmed. */
   warmedThrough: number;
@@ -136,36 +139,44 @@ export class ReadAhead {
     let c = this.#consumers.get(id);
     if (c) {
       this.#consumers.delete(id);
-      const owed = c.reg === reg && step < c.step ? c.owed.indexOf(step) : -1;
-      if (owed >= 0) {
+      c.seenAt = now;
+      const late = c.reg === reg && step < c.step && c.step - step <= OWED_STEPS ? c.owed.indexOf(step) : -1;
+      if (late >= 0) {
         // Skipped and now served after a later step: its blocks were released then, and the
         // window stands.
-        c.owed.splice(owed, 1);
-        c.lastAt = now;
+        c.owed.splice(late, 1);
         this.#consumers.set(id, c);
         return;
       }
-      if (c.reg !== reg || step < c.step || step - c.step - 1 > OWED_STEPS) c.owed.length = 0; // a jump
+      // A rebuilt dataset, a step served before, or one beyond the window: a resume or restart
+      // elsewhere, for which the old look-ahead is useless.
+      const jump = c.reg !== reg || step < c.step || step > c.warmedThrough;
+      if (c.reg !== reg || step < c.step || step - c.step - 1 > OWED_STEPS) c.owed.length = 0;
       else {
         for (let s = c.step + 1; s < step; s++) c.owed.push(s);
-        if (c.owed.length > OWED_STEPS) c.owed.splice(0, c.owed.length - OWED_STEPS);
+        // Owed steps further behind than OWED_STEPS are no longer expected (their requests died
+        // with a client): one of them served now is a resume, not a straggler.
+        let stale = 0;
+        while (stale < c.owed.length && (c.owed[stale] < step - OWED_STEPS || c.owed.length - stale > OWED_STEPS)) stale++;
+        if (stale > 0) c.owed.splice(0, stale);
       }
-      if (step === c.step + 1) {
-        const dt = (now - c.lastAt) / 1000;
+      if (!jump && step > c.step) {
+        // Steps consumed since the last move forward, late ones included: the time of one step,
+        // also for a client whose steps always arrive out of order.
+        const dt = (now - c.movedAt) / 1000 / (step - c.step);
         c.stepSeconds = c.stepSeconds === 0 ? dt : 0.8 * c.stepSeconds + 0.2 * dt;
       }
-      if (c.reg !== reg || step < c.step || step > c.warmedThrough) {
-        // A rebuilt dataset or a jump (resume, restart): the old look-ahead is useless.
+      if (jump) {
         this.#release(c, Infinity);
         c.warmedThrough = step;
       } else {
         this.#release(c, step); // steps served: their blocks are no longer protected for this consumer
       }
       c.reg = reg;
+      if (step !== c.step) c.movedAt = now;
       c.step = step;
-      c.lastAt = now;
     } else {
-      c = { key: consumer, reg, step, lastAt: now, stepSeconds: 0, warmedThrough: step, scheduled: new Map(), windowBytes: 0, dues: new Map(), owed: [] };
+      c = { key: consumer, reg, step, movedAt: now, seenAt: now, stepSeconds: 0, warmedThrough: step, scheduled: new Map(), windowBytes: 0, dues: new Map(), owed: [] };
       if (this.#consumers.size >= this.#opts.maxConsumers) {
         const oldest = this.#consumers.keys().next().value!;
         this.#release(this.#consumers.get(oldest)!, Infinity);
@@ -180,7 +191,7 @@ export class ReadAhead {
   /** Forgets consumers idle for `IDLE_CONSUMER_MS`: the map is in recency order, so from its start. */
   #forgetIdle(now: number): void {
     for (const [id, c] of this.#consumers) {
-      if (now - c.lastAt < IDLE_CONSUMER_MS) return;
+      if (now - c.seenAt < IDLE_CONSUMER_MS) return;
       this.#release(c, Infinity);
       this.#consumers.delete(id);
     }

@@ -150,6 +150,49 @@ describe("schedule-aware read-ahead", () => {
     });
   });
 
+  it("takes a skipped step that comes long after it (its request died with a client) as a resume, not a straggler", async () => {
+    await withServer([], async (rf) => {
+      const get = async (step: number) => {
+        const res = await fetch(`${rf.url}/v1/datasets/big/batches/${step}?rank=1&world=2&micro_batch=8`);
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+      };
+      const consumer = () => rf.server.readAhead.lookahead().find((c) => c.rank === 1 && c.world === 2)!;
+      for (let s = 0; s < 10; s++) await get(s);
+      for (let s = 11; s < 40; s++) await get(s); // step 10 never came
+      const warm = vi.spyOn(rf.server.cache, "warm");
+      try {
+        await get(10); // the trainer resumes from its checkpoint at step 10
+        expect(consumer().step).toBe(10);
+        expect(warm).toHaveBeenCalled();
+      } finally {
+        warm.mockRestore();
+      }
+    });
+  });
+
+  it("learns the step time of a client whose steps always arrive out of order", async () => {
+    let skew = 0;
+    await withServer([], async (rf) => {
+      const get = async (step: number) => {
+        const res = await fetch(`${rf.url}/v1/datasets/big/batches/${step}?rank=1&world=2&micro_batch=8`);
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+      };
+      await get(0);
+      // Two requests in flight, answered in the order 2, 1, 4, 3, …: one step every 500 ms.
+      for (let s = 1; s < 30; s += 2) {
+        for (const step of [s + 1, s]) {
+          skew += 500;
+          await get(step);
+        }
+      }
+      const c = rf.server.readAhead.lookahead().find((x) => x.rank === 1 && x.world === 2)!;
+      expect(c.stepSeconds).toBeGreaterThan(0.4);
+      expect(c.stepSeconds).toBeLessThan(0.7);
+    }, () => performance.now() + skew);
+  });
+
   it("starts over from a consumer's new position after a jump (resume at another step)", async () => {
     await withServer([], async (rf) => {
       await trainer(rf, 5, 10);
