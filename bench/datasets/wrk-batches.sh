@@ -3,7 +3,7 @@
 # HTTP/1.1 at 4 requests in flight (`wrk -t1 -c4`, a C load generator, so the client is not the
 # bound), one consumer stepping through 1500 steps in order, from rackfeed on Node and on Deno:
 # requests/s and the server's CPU per request (/proc). Baseline in the same run: the bare runtime's
-# own server sending one fixed 64 KiB body (bench/transport/bare-servers.mjs), i.e. what HTTP
+# own server sending one fixed body of a batch's size (65 552 bytes) (bench/transport/bare-servers.mjs), i.e. what HTTP
 # alone costs there. Data: bench/.out/datasets/u16 (made by bench/datasets/common.ts if missing).
 # Run from the repo root: bash bench/datasets/wrk-batches.sh [SECONDS=3]   (needs wrk)
 set -euo pipefail
@@ -15,13 +15,18 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 admin=wrk-batches-admin-token-0123456789
 printf 'local i = 0\nrequest = function()\n  local p = "/v1/datasets/u16/batches/" .. i .. "?rank=0&world=1&micro_batch=8"\n  i = (i + 1) %% 1500\n  return wrk.format("GET", p)\nend\n' > "$work/steps.lua"
-rate() { wrk -t1 -c4 -d"${secs}s" "$@" | awk '/Requests\/sec/ { print $2 }'; }
+rate() { # wrk's requests/s; fails on any error (cheap error answers would inflate it)
+  local out
+  out=$(wrk -t1 -c4 -d"${secs}s" "$@")
+  if grep -qE 'Non-2xx|Socket errors' <<< "$out"; then echo "wrk saw errors: $out" >&2; return 1; fi
+  awk '/Requests\/sec/ { print $2 }' <<< "$out"
+}
 cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 echo "| server | requests/s | server CPU µs per request | × bare |"
 echo "|---|---|---|---|"
 for rt in node deno; do
   log="$work/$rt.log"
-  if [ $rt = node ]; then node bench/transport/bare-servers.mjs 65544 > "$log" & else node_modules/.bin/deno run -A bench/transport/bare-servers.mjs 65544 > "$log" & fi
+  if [ $rt = node ]; then node bench/transport/bare-servers.mjs 65552 > "$log" & else node_modules/.bin/deno run -A bench/transport/bare-servers.mjs 65552 > "$log" & fi
   bare=$!
   for _ in $(seq 1 100); do grep -q '^h1 ' "$log" && break; sleep 0.1; done
   port=$(awk '$1 == "h1" { print $2 }' "$log")
@@ -40,6 +45,6 @@ for rt in node deno; do
   kill $srv; wait $srv 2>/dev/null || true
   tck=$(getconf CLK_TCK)
   us() { awk -v t="$1" -v r="$2" -v s="$secs" -v k="$tck" 'BEGIN { printf "%.0f", t / k * 1e6 / (r * s) }'; }
-  echo "| $rt bare server, fixed 64 KiB body (baseline) | ${bare_rps%.*} | $(us $((c1 - c0)) "$bare_rps") | 1.00 |"
+  echo "| $rt bare server, fixed body of that size (baseline) | ${bare_rps%.*} | $(us $((c1 - c0)) "$bare_rps") | 1.00 |"
   echo "| rackfeed $rt, token batches | ${rps%.*} | $(us $((c3 - c2)) "$rps") | $(awk -v a="$rps" -v b="$bare_rps" 'BEGIN { printf "%.2f", a / b }') |"
 done

@@ -3,13 +3,13 @@
 # bench/gpu (shm ring -> GPU), bench/transport (with TLS rows), the bare runtimes' HTTP/2 ÷ HTTP/1.1
 # (bench/transport/bare.sh) and warm token batches vs numpy, each with its baseline in the same
 # run. Unpacks .devkit/ (bench/device/make-kit.sh) first.
-# Run there from the repo root: bash bench/device/run.sh [gpu] [transport] [bare] [warm]  (default: all)
+# Run there from the repo root: bash bench/device/run.sh [gpu] [transport] [bare] [wrk] [warm]  (default: all)
 # Figures go to stdout and to $OUT (the device tool's folder), or bench/.out/device.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=${OUT:-bench/.out/device}
 mkdir -p "$out"
-parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(gpu transport bare warm)
+parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(gpu transport bare wrk warm)
 rt=/tmp/rackfeed-rt
 mkdir -p "$rt/bin" "$rt/root"
 t0=$(date +%s)
@@ -38,13 +38,15 @@ part() { # name, seconds, command...
   echo; echo "## $name — $(date -u '+%H:%M:%S UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)"
   timeout "$secs" "$@" 2>&1 | tee "$out/$name.txt"
   echo "($name: exit ${PIPESTATUS[0]})"
+  rm -rf /dev/shm/rackfeed-bench-* /dev/shm/rackfeed-gpu-bench-* # left behind when timeout stopped a bench
 }
 for p in "${parts[@]}"; do
   case $p in
     gpu) BENCH_PYTHON=$py part gpu "${BENCH_GPU_SECONDS:-150}" node --import tsx bench/gpu/run.ts ;;
     transport) BENCH_TLS=$tls part transport "${BENCH_TRANSPORT_SECONDS:-240}" node --import tsx bench/transport/run.ts ;;
     bare) part bare "${BENCH_BARE_SECONDS:-60}" bash bench/transport/bare.sh ;;
+    wrk) part wrk "${BENCH_WRK_SECONDS:-90}" bash bench/datasets/wrk-batches.sh ;;
     warm) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} part warm "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
-    *) echo "unknown part $p (gpu|transport|bare|warm)" >&2; exit 2 ;;
+    *) echo "unknown part $p (gpu|transport|bare|wrk|warm)" >&2; exit 2 ;;
   esac
 done

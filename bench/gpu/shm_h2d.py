@@ -82,6 +82,7 @@ def main():
                  "startStep": 0, "endStep": end_step, "slots": 4, "notify": "wait"})
         ring = ch.receive()
         assert ring["t"] == "ring", ring
+        end_step = min(end_step, int(ring["endStep"]))  # the server stops at the dataset's last full step
         mem = map_ring(ring, writable=False)
         slots, slot_bytes, data_offset = ring["slots"], int(ring["slotBytes"]), int(ring["dataOffset"])
         host = np.frombuffer(mem, dtype=np.uint8)
@@ -102,6 +103,7 @@ def main():
                     raise SystemExit(f"cudaHostRegister failed: {rc}")
             registered = True
         dst = torch.empty(slot_bytes, dtype=torch.uint8, device=dev)
+        src = None
         t_start = time.perf_counter()
         ring_setup = t_start - t_open
         step, ended = 0, False
@@ -140,7 +142,8 @@ def main():
         ch.sock.close()
         if registered:
             torch.cuda.cudart().cudaHostUnregister(host.ctypes.data)
-        del src, host
+        src = None
+        del host
         mem.close()
     n = slot_bytes
     pinned = torch.empty(n, dtype=torch.uint8).pin_memory()

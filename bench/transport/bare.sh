@@ -17,8 +17,14 @@ for rt in node deno; do
     pid=$!
     for _ in $(seq 1 100); do [ "$(grep -c . "$log")" -ge 2 ] && break; sleep 0.1; done
     p1=$(awk '$1 == "h1" { print $2 }' "$log"); p2=$(awk '$1 == "h2c" { print $2 }' "$log")
-    read -r v1 u1 < <(wrk -t1 -c4 -d3s "http://127.0.0.1:$p1/" | sed -n 's/^Transfer\/sec: *\([0-9.]*\)\([KMG]*B\).*/\1 \2/p')
-    read -r v2 u2 < <(h2load -c1 -m4 -D 3 "http://127.0.0.1:$p2/" | sed -n 's/^finished in .*, \([0-9.]*\)\([KMG]*B\)\/s.*/\1 \2/p')
+    o1=$(wrk -t1 -c4 -d3s "http://127.0.0.1:$p1/")
+    o2=$(h2load -c1 -m4 -D 3 "http://127.0.0.1:$p2/")
+    # Error answers are cheap: a run with any would overstate the rate.
+    if grep -qE 'Non-2xx|Socket errors' <<< "$o1" || ! grep -qE ' 0 failed, 0 errored' <<< "$o2"; then
+      echo "load generator saw errors ($rt, $mib MiB):" >&2; echo "$o1" "$o2" >&2; kill $pid; exit 1
+    fi
+    read -r v1 u1 < <(sed -n 's/^Transfer\/sec: *\([0-9.]*\)\([KMG]*B\).*/\1 \2/p' <<< "$o1")
+    read -r v2 u2 < <(sed -n 's/^finished in .*, \([0-9.]*\)\([KMG]*B\)\/s.*/\1 \2/p' <<< "$o2")
     kill $pid 2>/dev/null; wait $pid 2>/dev/null || true; rm -f "$log"
     g1=$(gbs "$v1" "$u1"); g2=$(gbs "$v2" "$u2")
     echo "| $rt | $mib MiB | $g1 | $g2 | $(awk -v a="$g2" -v b="$g1" 'BEGIN { printf "%.2f", a / b }')× |"

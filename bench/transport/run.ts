@@ -258,7 +258,7 @@ try {
         const runs = SIZES.map(({ mb, steps }) => runShmClient(client, [server.url, "d", String(mb), String(steps), String(PASSES), "--continuous"]));
         const lat = runShmClient(client, [server.url, "d", String(LAT_MB), "200", "3"]);
         const [g1, g8] = runs.map((f) => f.bytes / f.seconds / 1e9);
-        row(name, `shm, ${client} client (mapped); latency = t_wait`, g1, g8, lat.p50 * 1000, lat.p99 * 1000, [runs[0].firstWait! * 1000, runs[1].firstWait! * 1000]);
+        row(name, `shm, ${client} client (mapped); latency = t_wait`, g1, g8, lat.p50 * 1000, lat.p99 * 1000, runs.map((f) => (f.firstWait ?? NaN) * 1000) as [number, number]);
       }
     } catch (e) {
       console.error(`${name} server output:\n${server.output().slice(-3000)}`);
