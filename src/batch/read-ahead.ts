@@ -64,6 +64,8 @@ interface Consumer {
   dues: Map<string, number[]>;
   /** Steps skipped on the way to `step` and not served yet (at most `OWED_STEPS`). */
   owed: number[];
+  /** Versions of the dataset this consumer has moved past (held weakly: they may be gigabytes). */
+  replaced: WeakSet<RegisteredDataset>;
 }
 
 /** A scheduled use this far in the past no longer protects its block. */
@@ -140,6 +142,12 @@ export class ReadAhead {
     if (c) {
       this.#consumers.delete(id);
       c.seenAt = now;
+      if (c.reg !== reg && c.replaced.has(reg)) {
+        // A request begun before the dataset was rebuilt, answered after one on the new version:
+        // switching back would drop the window twice and keep the old version alive.
+        this.#consumers.set(id, c);
+        return;
+      }
       const late = c.reg === reg && step < c.step && c.step - step <= OWED_STEPS ? c.owed.indexOf(step) : -1;
       if (late >= 0) {
         // Skipped and now served after a later step: its blocks were released then, and the
@@ -172,11 +180,12 @@ export class ReadAhead {
       } else {
         this.#release(c, step); // steps served: their blocks are no longer protected for this consumer
       }
+      if (c.reg !== reg) c.replaced.add(c.reg);
       c.reg = reg;
       if (step !== c.step) c.movedAt = now;
       c.step = step;
     } else {
-      c = { key: consumer, reg, step, movedAt: now, seenAt: now, stepSeconds: 0, warmedThrough: step, scheduled: new Map(), windowBytes: 0, dues: new Map(), owed: [] };
+      c = { key: consumer, reg, step, movedAt: now, seenAt: now, stepSeconds: 0, warmedThrough: step, scheduled: new Map(), windowBytes: 0, dues: new Map(), owed: [], replaced: new WeakSet() };
       if (this.#consumers.size >= this.#opts.maxConsumers) {
         const oldest = this.#consumers.keys().next().value!;
         this.#release(this.#consumers.get(oldest)!, Infinity);

@@ -193,6 +193,38 @@ describe("schedule-aware read-ahead", () => {
     }, () => performance.now() + skew);
   });
 
+  it("does not switch a consumer back to a dataset version it has moved past (a request begun before a re-registration)", async () => {
+    await withServer([], async (rf) => {
+      const get = async (step: number) => {
+        const res = await fetch(`${rf.url}/v1/datasets/big/batches/${step}?rank=1&world=2&micro_batch=8`);
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+      };
+      const consumer = () => rf.server.readAhead.lookahead().find((c) => c.rank === 1 && c.world === 2)!;
+      for (let s = 0; s < 5; s++) await get(s);
+      const old = await rf.server.datasets.get("big");
+      const res = await fetch(`${rf.url}/v1/datasets/big`, {
+        method: "PUT",
+        headers: { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" },
+        body: JSON.stringify({ sources: [{ prefix: "data/tok/big" }], seq_length: 512, seed: 10, split: "100,0,0", split_index: 0, num_samples: 4000 }),
+      });
+      expect(res.status).toBe(200); // replaced
+      expect(await rf.server.datasets.get("big")).not.toBe(old);
+      for (let s = 5; s < 8; s++) await get(s); // the new version: the window starts over once
+      const before = consumer();
+      const warm = vi.spyOn(rf.server.cache, "warm");
+      try {
+        // What the route does when a batch of the old version, begun before the PUT, ends now.
+        rf.server.readAhead.observe(old, { dataset: "big", rank: 1, world: 2, microBatch: 8 }, 4);
+        expect(warm).not.toHaveBeenCalled();
+        expect(consumer().step).toBe(before.step);
+        expect(consumer().stepsScheduled).toBe(before.stepsScheduled);
+      } finally {
+        warm.mockRestore();
+      }
+    });
+  });
+
   it("starts over from a consumer's new position after a jump (resume at another step)", async () => {
     await withServer([], async (rf) => {
       await trainer(rf, 5, 10);
