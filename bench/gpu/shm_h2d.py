@@ -8,17 +8,20 @@ buffer, as it does for any ordinary memory. Beside them, measured in the same ru
 GPU: the host-to-device bandwidth of a pinned buffer of the batch's size (the physical limit of
 any host-to-GPU feed) and of a pageable one.
 
-Usage: shm_h2d.py SOCKET DATASET MICRO_BATCH STEPS PASSES registered|pageable
+Usage: shm_h2d.py SOCKET DATASET MICRO_BATCH STEPS PASSES registered|pageable [--hash]
 Prints one JSON line: {"mode", "batches", "seconds", "bytes", "gbps", "ring_setup", "first_wait",
 "t_wait_p50", "t_wait_p99", "t_h2d_p50", "t_h2d_p99", "pinned_gbps", "pageable_gbps",
 "register_flags", "device"}. An untimed consumer reads steps 0..STEPS×PASSES-1 first; the
 timed one reads them again, as a trainer iterates (seconds: from its ring mapped and
 registered to its last batch landed on the GPU; ring_setup: `open` sent -> ring mapped and
 registered; t_wait: how long the trainer waited for each slot, first_wait the first; t_h2d:
-copy issued -> copy finished).
+copy issued -> copy finished). With --hash, "hashes" also lists the sha256 of every timed batch as
+read back from the GPU (a check of the bytes, which slows the run: test/shm/gpu-landing.test.ts
+runs it so).
 Needs python3 with torch (CUDA), numpy and msgpack.
 """
 
+import hashlib
 import json
 import mmap
 import os
@@ -66,6 +69,8 @@ def main():
     micro_batch, steps, passes = (int(x) for x in sys.argv[3:6])
     mode = sys.argv[6]
     assert mode in ("registered", "pageable"), mode
+    check = "--hash" in sys.argv[7:]
+    hashes = []
     dev = torch.device("cuda")
 
     lat_wait, lat_h2d, total_bytes = [], [], 0
@@ -130,6 +135,8 @@ def main():
             ch.queue({"t": "release", "slot": slot, "generation": generation})
             if len(ch.outbox) >= max(1, slots // 4):
                 ch.flush()
+            if p > 0 and check:
+                hashes.append(hashlib.sha256(dst[:length].cpu().numpy().tobytes()).hexdigest())
             if p > 0:
                 lat_wait.append(t1 - t0)
                 lat_h2d.append(t2 - t1)
@@ -141,7 +148,9 @@ def main():
             ended = ch.receive()["t"] == "end"
         ch.sock.close()
         if registered:
-            torch.cuda.cudart().cudaHostUnregister(host.ctypes.data)
+            rc = torch.cuda.cudart().cudaHostUnregister(host.ctypes.data)  # before the unmap below
+            if int(rc) != 0:
+                raise SystemExit(f"cudaHostUnregister failed: {rc}")
         src = None
         del host
         mem.close()
@@ -157,6 +166,7 @@ def main():
         "t_h2d_p50": pct(lat_h2d, 0.5), "t_h2d_p99": pct(lat_h2d, 0.99),
         "pinned_gbps": h2d_gbps(pinned, gpu), "pageable_gbps": h2d_gbps(pageable, gpu),
         "register_flags": register_flags, "device": torch.cuda.get_device_name(0),
+        **({"hashes": hashes} if check else {}),
     }), flush=True)
 
 
