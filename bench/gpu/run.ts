@@ -12,10 +12,9 @@
 
 import { spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
-import { writeFile } from "node:fs/promises";
 import { makeWorkspace } from "../../test/helpers/rackfeed.ts";
 import { NODE, NODE_TS, ROOT, startChild } from "../../test/helpers/spawn.ts";
-import { syntheticDataset } from "../../test/helpers/token-data.ts";
+import { writeTransportDataset } from "../shm/transport-dataset.ts";
 
 const PYTHON = process.env.BENCH_PYTHON ?? "python3";
 const PASSES = Number(process.env.BENCH_PASSES ?? 8);
@@ -40,10 +39,7 @@ interface Figures {
 const ws = await makeWorkspace();
 const shmRoot = mkdtempSync("/dev/shm/rackfeed-gpu-bench-");
 try {
-  const { idx, bin } = syntheticDataset(4000, 500, 6000, 3);
-  await ws.put("tok/d.idx", idx);
-  await ws.put("tok/d.bin", bin);
-  await writeFile(`${ws.dir}/d.json`, JSON.stringify({ sources: [{ prefix: "data/tok/d" }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 160_000 }));
+  await writeTransportDataset(ws);
   const server = await startChild(NODE, [...NODE_TS, `${ROOT}src/main.node.ts`, "serve", "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`,
     "--cache-dir", `${ws.dir}/c`, "--dataset", `d=${ws.dir}/d.json`, "--read-ahead-seconds", "0", "--shm-dir", shmRoot]);
   try {

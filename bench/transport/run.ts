@@ -16,15 +16,14 @@
 
 import * as http from "node:http";
 import * as http2 from "node:http2";
-import { writeFile } from "node:fs/promises";
 import { mkdtempSync, rmSync, truncateSync, unlinkSync, writeFileSync } from "node:fs";
 import { loadNodeMapping } from "../../src/runtime/libc-node.ts";
 import { execFileSync } from "node:child_process";
 import { makeWorkspace } from "../../test/helpers/rackfeed.ts";
 import { assemblyGBs } from "../shm/assembly-ceiling.ts";
 import { runShmClient } from "../shm/run-client.ts";
+import { writeTransportDataset } from "../shm/transport-dataset.ts";
 import { DENO, NODE, NODE_TS, ROOT, startChild } from "../../test/helpers/spawn.ts";
-import { syntheticDataset } from "../../test/helpers/token-data.ts";
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
 const INFLIGHT = 4;
@@ -182,10 +181,7 @@ const TLS = process.env.BENCH_TLS === "1"
 // which may sit on a disk-backed /tmp.
 const shmRoot = mkdtempSync("/dev/shm/rackfeed-bench-");
 try {
-  const { idx, bin } = syntheticDataset(4000, 500, 6000, 3);
-  await ws.put("tok/d.idx", idx);
-  await ws.put("tok/d.bin", bin);
-  await writeFile(`${ws.dir}/d.json`, JSON.stringify({ sources: [{ prefix: "data/tok/d" }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 160_000 }));
+  await writeTransportDataset(ws);
   const memcpy1 = memcpyGBs(128 * 4097 * 2);
   const memcpy8 = memcpyGBs(1024 * 4097 * 2);
   console.log(`memcpy (one thread, this process): 1 MiB ${memcpy1.toFixed(2)} GB/s, 8 MiB ${memcpy8.toFixed(2)} GB/s`);

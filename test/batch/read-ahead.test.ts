@@ -60,6 +60,18 @@ async function trainer(rf: RunningServer, steps: number, stepMs: number, noiseBy
   return seen;
 }
 
+/** Step `step` of the consumer rank 1/2 × 8 over HTTP, read to its end. */
+async function batchOf(rf: RunningServer, step: number): Promise<void> {
+  const res = await fetch(`${rf.url}/v1/datasets/big/batches/${step}?rank=1&world=2&micro_batch=8`);
+  expect(res.status).toBe(200);
+  await res.arrayBuffer();
+}
+
+/** The read-ahead's view of that consumer now. */
+function consumerOf(rf: RunningServer) {
+  return rf.server.readAhead.lookahead().find((c) => c.rank === 1 && c.world === 2)!;
+}
+
 describe("schedule-aware read-ahead", () => {
   it("makes a steady consumer see only memory hits after warm-up", async () => {
     await withServer([], async (rf) => {
@@ -121,12 +133,8 @@ describe("schedule-aware read-ahead", () => {
 
   it("keeps the look-ahead window when a step arrives after a later one (requests in flight), and starts over after a real jump back", async () => {
     await withServer([], async (rf) => {
-      const get = async (step: number) => {
-        const res = await fetch(`${rf.url}/v1/datasets/big/batches/${step}?rank=1&world=2&micro_batch=8`);
-        expect(res.status).toBe(200);
-        await res.arrayBuffer();
-      };
-      const consumer = () => rf.server.readAhead.lookahead().find((c) => c.rank === 1 && c.world === 2)!;
+      const get = (step: number) => batchOf(rf, step);
+      const consumer = () => consumerOf(rf);
       for (let s = 0; s < 10; s++) await get(s);
       await get(11);
       const before = consumer();
@@ -152,12 +160,8 @@ describe("schedule-aware read-ahead", () => {
 
   it("takes a skipped step that comes long after it (its request died with a client) as a resume, not a straggler", async () => {
     await withServer([], async (rf) => {
-      const get = async (step: number) => {
-        const res = await fetch(`${rf.url}/v1/datasets/big/batches/${step}?rank=1&world=2&micro_batch=8`);
-        expect(res.status).toBe(200);
-        await res.arrayBuffer();
-      };
-      const consumer = () => rf.server.readAhead.lookahead().find((c) => c.rank === 1 && c.world === 2)!;
+      const get = (step: number) => batchOf(rf, step);
+      const consumer = () => consumerOf(rf);
       for (let s = 0; s < 10; s++) await get(s);
       for (let s = 11; s < 40; s++) await get(s); // step 10 never came
       const warm = vi.spyOn(rf.server.cache, "warm");
@@ -174,11 +178,7 @@ describe("schedule-aware read-ahead", () => {
   it("learns the step time of a client whose steps always arrive out of order", async () => {
     let skew = 0;
     await withServer([], async (rf) => {
-      const get = async (step: number) => {
-        const res = await fetch(`${rf.url}/v1/datasets/big/batches/${step}?rank=1&world=2&micro_batch=8`);
-        expect(res.status).toBe(200);
-        await res.arrayBuffer();
-      };
+      const get = (step: number) => batchOf(rf, step);
       await get(0);
       // Two requests in flight, answered in the order 2, 1, 4, 3, …: one step every 500 ms.
       for (let s = 1; s < 30; s += 2) {
@@ -187,7 +187,7 @@ describe("schedule-aware read-ahead", () => {
           await get(step);
         }
       }
-      const c = rf.server.readAhead.lookahead().find((x) => x.rank === 1 && x.world === 2)!;
+      const c = consumerOf(rf);
       expect(c.stepSeconds).toBeGreaterThan(0.4);
       expect(c.stepSeconds).toBeLessThan(0.7);
     }, () => performance.now() + skew);
@@ -195,12 +195,8 @@ describe("schedule-aware read-ahead", () => {
 
   it("does not switch a consumer back to a dataset version it has moved past (a request begun before a re-registration)", async () => {
     await withServer([], async (rf) => {
-      const get = async (step: number) => {
-        const res = await fetch(`${rf.url}/v1/datasets/big/batches/${step}?rank=1&world=2&micro_batch=8`);
-        expect(res.status).toBe(200);
-        await res.arrayBuffer();
-      };
-      const consumer = () => rf.server.readAhead.lookahead().find((c) => c.rank === 1 && c.world === 2)!;
+      const get = (step: number) => batchOf(rf, step);
+      const consumer = () => consumerOf(rf);
       for (let s = 0; s < 5; s++) await get(s);
       const old = await rf.server.datasets.get("big");
       const res = await fetch(`${rf.url}/v1/datasets/big`, {
