@@ -6,7 +6,7 @@
 # Run here, as root, after `npm install`: bash bench/device/make-kit.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-grep -qx '/.devkit/' .git/info/exclude 2>/dev/null || echo '/.devkit/' >> .git/info/exclude
+mkdir -p .git/info && { grep -qx '/.devkit/' .git/info/exclude 2>/dev/null || echo '/.devkit/' >> .git/info/exclude; }
 mkdir -p .devkit/debs
 [ -s .devkit/node.xz ] || xz -T0 -9 -c "$(command -v node)" > .devkit/node.xz
 [ -s .devkit/deno.xz ] || xz -T0 -9 -c node_modules/deno/deno > .devkit/deno.xz
