@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one test command (`npm test`): type check, every vitest suite, the Deno.test suite, and
+# The one test command (`npm test`): type check, lint, every vitest suite, the Deno.test suite, and
 # one closing line that sums them all: `N passed, N failed, N skipped`. Exits non-zero when
 # anything failed or a suite could not run at all.
 set -uo pipefail
@@ -15,6 +15,11 @@ passed=0 failed=0 skipped=0
 echo "== type check (tsc)"
 if ! node_modules/.bin/tsc --noEmit -p tsconfig.json; then
   echo "type check failed"; failed=$((failed + 1)); status=1
+fi
+
+echo "== lint (deno lint: src, test, bench)"
+if ! node_modules/.bin/deno lint; then
+  echo "lint failed"; failed=$((failed + 1)); status=1
 fi
 
 echo "== vitest"

@@ -242,6 +242,7 @@ export const lockFileDeno: LockFile = async (path) => {
       return undefined;
     }
     const { ino } = await file.stat();
+    // deno-lint-ignore require-await -- a failed close rejects the promise instead of throwing
     return { ino: ino ?? -1, release: async () => file.close() };
   } catch (e) {
     try {

@@ -294,6 +294,7 @@ class ShmConnection {
    *
    * @param graceful let frames already written (an error) reach the client before the socket closes
    */
+  // deno-lint-ignore require-await -- async so that callers always get a promise (`void this.end()`)
   async end(graceful = false): Promise<void> {
     this.#creating?.abort();
     if (!this.#closed) {

@@ -54,7 +54,7 @@ async function trainer(rf: RunningServer, steps: number, stepMs: number, noiseBy
     // The step's compute outlasts the fills read-ahead started: it ends only once they have
     // landed (on a loaded machine a fixed pause alone could end first, and a batch that read-ahead
     // did warm would be counted as "filling").
-    await waitFor(async () => rf.server.cache.stats().inFlight === 0, "read-ahead's fills to land");
+    await waitFor(() => rf.server.cache.stats().inFlight === 0, "read-ahead's fills to land");
     await new Promise((r) => setTimeout(r, stepMs));
   }
   return seen;

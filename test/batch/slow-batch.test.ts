@@ -126,7 +126,7 @@ describe("slow batches in a running server", () => {
       await batch(rf, 0); // cold: read-ahead starts steps 1 and 2
       const coalesced = rf.server.cache.stats().coalesced;
       const second = batch(rf, 1);
-      await waitFor(async () => rf.server.cache.stats().coalesced > coalesced, "batch 1 to wait on read-ahead's fills");
+      await waitFor(() => rf.server.cache.stats().coalesced > coalesced, "batch 1 to wait on read-ahead's fills");
       origin.release(); // its fills are still waiting for the slow origin: 120 ms more
       await second;
       expect(await rf.metric("rackfeed_slow_batches_total", { cause: "origin_slow" })).toBe(1);
@@ -138,7 +138,7 @@ describe("slow batches in a running server", () => {
       await batch(rf, 0);
       // Read-ahead started the fills of steps 1 and 2 before batch 0 was answered: wait until
       // they have landed (on a loaded machine a fixed pause could end before the slow origin's reads).
-      await waitFor(async () => rf.server.cache.stats().inFlight === 0, "read-ahead's fills to land");
+      await waitFor(() => rf.server.cache.stats().inFlight === 0, "read-ahead's fills to land");
       await batch(rf, 1);
       const origin = await rf.metric("rackfeed_dataset_blocks_total", { dataset: "d", source: "origin" });
       const memory = await rf.metric("rackfeed_dataset_blocks_total", { dataset: "d", source: "memory" });

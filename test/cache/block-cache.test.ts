@@ -322,7 +322,7 @@ describe("block keys", () => {
     expect(cache.stats().keysKept).toBe(3);
     // Lookups through kept keys find the blocks: a read fills block 1, then it is in memory.
     await cache.block(gw, "k.bin", info, 1);
-    await waitFor(async () => cache.inMemory(gw, "k.bin", info, 1), "block 1 in the memory tier");
+    await waitFor(() => cache.inMemory(gw, "k.bin", info, 1), "block 1 in the memory tier");
     expect(cache.inMemory(gw, "k.bin", newer, 1)).toBe(false);
     // Keys of many blocks (a huge object) stay within the bound: they start over, and still find the block.
     for (let i = 0; i < KEYS_KEPT + 10; i++) cache.keyOf(gw, "k.bin", info, 1000 + i);
@@ -431,7 +431,7 @@ describe("adaptive stream read-ahead", () => {
     const info = await gw.stat("hung.bin");
     const waiting = cache.block(gw, "hung.bin", info, 0);
     waiting.catch(() => {});
-    await waitFor(async () => origin.reads > 0, "the fill to reach the origin");
+    await waitFor(() => origin.reads > 0, "the fill to reach the origin");
     expect(cache.stats().inFlight).toBe(1);
     await cache.close(50); // returns although the origin never answered
     origin.release();
@@ -451,7 +451,7 @@ describe("adaptive stream read-ahead", () => {
       // Consuming a block takes longer than fetching one: the reader goes on only once every
       // fill it started has landed (waiting on the fills, not on a timer, so a loaded machine
       // cannot make the origin look slower than the reader).
-      await waitFor(async () => cache.stats().inFlight === 0, "the read-ahead fills to land");
+      await waitFor(() => cache.stats().inFlight === 0, "the read-ahead fills to land");
     }
     expectSameBytes(Buffer.concat(chunks), body);
     expect(cache.stats().streamStalls).toBe(0);

@@ -104,7 +104,7 @@ describe("RackfeedClient under network faults", () => {
       expect(err).toBe(reason);
       expect(seen).toEqual([0]);
       expect(performance.now() - t0).toBeLessThan(1500); // not after step 1 came
-      await waitFor(async () => proxy.counts.inFlight === 0, "no request in flight at the proxy", 1000);
+      await waitFor(() => proxy.counts.inFlight === 0, "no request in flight at the proxy", 1000);
     });
   });
 
@@ -114,12 +114,12 @@ describe("RackfeedClient under network faults", () => {
       for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 4, endStep: 100, prefetch: 8 })) {
         expect(b.step).toBe(0);
         // Steps 1-7 are on their way (held 1.5 s at the proxy) when the caller stops.
-        await waitFor(async () => proxy.counts.inFlight >= 7, "the prefetched requests to reach the proxy", 1000);
+        await waitFor(() => proxy.counts.inFlight >= 7, "the prefetched requests to reach the proxy", 1000);
         break;
       }
       const requests = proxy.counts.requests;
       // Well before the held answers would have come (1.5 s).
-      await waitFor(async () => proxy.counts.inFlight === 0, "no request in flight at the proxy after break", 700);
+      await waitFor(() => proxy.counts.inFlight === 0, "no request in flight at the proxy after break", 700);
       await sleep(1000);
       expect(proxy.counts.requests).toBe(requests); // and none is retried afterwards
     });

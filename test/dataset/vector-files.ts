@@ -28,6 +28,7 @@ export function vectorBytes(rel: string): Uint8Array {
  * @param rel path inside the vector folder
  * @returns the parsed JSON
  */
+// deno-lint-ignore no-explicit-any -- callers type the vector themselves
 export function vectorJson<T = any>(rel: string): T {
   return JSON.parse(readFileSync(join(VECTOR_DIR, rel), "utf8")) as T;
 }

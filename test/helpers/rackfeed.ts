@@ -164,7 +164,7 @@ export function freePort(): Promise<number> {
 }
 
 /** Polls `cond` every 10 ms until it holds; throws naming `what` after `timeoutMs`. */
-export async function waitFor(cond: () => Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
+export async function waitFor(cond: () => boolean | Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
   const t0 = Date.now();
   while (!(await cond())) {
     if (Date.now() - t0 > timeoutMs) throw new Error(`Timed out after ${timeoutMs} ms waiting for ${what}`);

@@ -19,8 +19,8 @@ describe("ConcurrencyLimiter", () => {
       await g.p;
     });
     const ctl = new AbortController();
-    const dropped = l.run(async () => void ran.push("dropped"), { signal: ctl.signal });
-    const third = l.run(async () => void ran.push("third"));
+    const dropped = l.run(() => Promise.resolve(void ran.push("dropped")), { signal: ctl.signal });
+    const third = l.run(() => Promise.resolve(void ran.push("third")));
     expect(l.stats().queued).toBe(2);
     ctl.abort(new Error("not needed any more"));
     await expect(dropped).rejects.toThrow("not needed any more");
@@ -30,7 +30,7 @@ describe("ConcurrencyLimiter", () => {
     expect(ran).toEqual(["first", "third"]);
     expect(l.stats()).toMatchObject({ active: 0, queued: 0 });
     // Already aborted: refused before it takes a slot.
-    await expect(l.run(async () => void ran.push("late"), { signal: ctl.signal })).rejects.toThrow("not needed any more");
+    await expect(l.run(() => Promise.resolve(void ran.push("late")), { signal: ctl.signal })).rejects.toThrow("not needed any more");
     expect(ran).toEqual(["first", "third"]);
   });
 
@@ -62,7 +62,7 @@ describe("ConcurrencyLimiter", () => {
     }, { background: true }));
     await new Promise((r) => setTimeout(r, 0));
     expect(l.stats()).toMatchObject({ active: 3, queuedBackground: 3 }); // one slot kept free
-    const fg = [l.run(async () => void order.push("fg0")), l.run(async () => {
+    const fg = [l.run(() => Promise.resolve(void order.push("fg0"))), l.run(async () => {
       order.push("fg1");
       await g.p;
     })];
@@ -106,13 +106,13 @@ describe("ConcurrencyLimiter promotion", () => {
       await g.p;
     });
     const promote = new AbortController();
-    const promoted = l.run(async () => void order.push("bg-promoted"), { background: true, promote: promote.signal });
-    const stays = l.run(async () => void order.push("bg-not-promoted"), { background: true, promote: new AbortController().signal });
-    const before = l.run(async () => void order.push("fg-queued-before"));
+    const promoted = l.run(() => Promise.resolve(void order.push("bg-promoted")), { background: true, promote: promote.signal });
+    const stays = l.run(() => Promise.resolve(void order.push("bg-not-promoted")), { background: true, promote: new AbortController().signal });
+    const before = l.run(() => Promise.resolve(void order.push("fg-queued-before")));
     expect(l.stats()).toMatchObject({ queued: 3, queuedBackground: 2 });
     promote.abort();
     expect(l.stats()).toMatchObject({ queued: 3, queuedBackground: 1 });
-    const after = l.run(async () => void order.push("fg-queued-after"));
+    const after = l.run(() => Promise.resolve(void order.push("fg-queued-after")));
     g.open();
     await Promise.all([first, promoted, stays, before, after]);
     // Promoted: in foreground order, behind what queued before it and ahead of what came after.

@@ -185,7 +185,7 @@ describe("shared-memory fast path", () => {
     let out = "";
     child.stdout.on("data", (d) => (out += d));
     child.stderr.on("data", (d) => (out += d));
-    await waitFor(async () => out.includes("holding step 5"), "the child to hold a batch", 20_000).catch((e) => {
+    await waitFor(() => out.includes("holding step 5"), "the child to hold a batch", 20_000).catch((e) => {
       throw new Error(`${e.message}; the child printed: ${out}`);
     });
     expect(out).toContain("over shm");
@@ -456,7 +456,7 @@ describe("shared-memory fast path", () => {
         }
         expect(whileOpen).toBeGreaterThan(0); // the ring took tmpfs pages while in use
         expect(last!.some((t) => t !== 0), "a kept view no longer shows the batch").toBe(false);
-        await waitFor(async () => free() === before, "the ring's tmpfs pages to be free");
+        await waitFor(() => free() === before, "the ring's tmpfs pages to be free");
       } finally {
         await server.close();
       }
@@ -483,7 +483,7 @@ describe("shared-memory fast path", () => {
     try {
       s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
       s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 4, startStep: 0 }));
-      await waitFor(async () => stalled > 0 && ringFiles().length === 1, "a fill to wait on the origin");
+      await waitFor(() => stalled > 0 && ringFiles().length === 1, "a fill to wait on the origin");
       s.close();
       // The file goes now; its mapping and budget wait for the fill, which waits for the origin.
       await waitFor(async () => ringFiles().length === 0 && (await stuck.metric("rackfeed_shm_rings")) === 0, "the ring file to be removed");
