@@ -8,6 +8,7 @@
 # Run from the repo root: bash bench/datasets/wrk-batches.sh [SECONDS=3]   (needs wrk)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+. bench/transport/bare-servers.sh
 secs=${1:-3}
 data=bench/.out/datasets
 node --import tsx -e 'import { DATASETS, ensureDataset } from "./bench/datasets/common.ts"; ensureDataset(process.argv[1], DATASETS[0]);' "$data"
@@ -22,16 +23,16 @@ rate() { # wrk's requests/s; fails on any error (cheap error answers would infla
   awk '/Requests\/sec/ { print $2 }' <<< "$out"
 }
 cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+tck=$(getconf CLK_TCK)
+us() { awk -v t="$1" -v r="$2" -v s="$secs" -v k="$tck" 'BEGIN { printf "%.0f", t / k * 1e6 / (r * s) }'; } # CPU ticks, requests/s -> µs each
 echo "| server | requests/s | server CPU µs per request | × bare |"
 echo "|---|---|---|---|"
 for rt in node deno; do
   log="$work/$rt.log"
-  if [ $rt = node ]; then node bench/transport/bare-servers.mjs 65552 > "$log" & else node_modules/.bin/deno run -A bench/transport/bare-servers.mjs 65552 > "$log" & fi
-  bare=$!
-  for _ in $(seq 1 100); do grep -q '^h1 ' "$log" && break; sleep 0.1; done
-  port=$(awk '$1 == "h1" { print $2 }' "$log")
-  rate "http://127.0.0.1:$port/" > /dev/null
-  c0=$(cpu $bare); bare_rps=$(rate "http://127.0.0.1:$port/"); c1=$(cpu $bare)
+  start_bare_servers $rt 65552 "$log"
+  bare=$BARE_PID
+  rate "http://127.0.0.1:$BARE_H1/" > /dev/null
+  c0=$(cpu $bare); bare_rps=$(rate "http://127.0.0.1:$BARE_H1/"); c1=$(cpu $bare)
   kill $bare; wait $bare 2>/dev/null || true
   flags=(serve --listen 127.0.0.1:0 --origin "bench=$data" --cache-dir "$work/c-$rt" --admin-token "$admin" --memory-bytes 2GiB --disk-bytes 4GiB --shm-dir off)
   if [ $rt = node ]; then node --import tsx src/main.node.ts "${flags[@]}" > "$log" 2>&1 & else node_modules/.bin/deno run -A src/main.ts "${flags[@]}" > "$log" 2>&1 & fi
@@ -43,8 +44,6 @@ for rt in node deno; do
   rate -s "$work/steps.lua" "$url" > /dev/null # every block into the memory tier
   c2=$(cpu $srv); rps=$(rate -s "$work/steps.lua" "$url"); c3=$(cpu $srv)
   kill $srv; wait $srv 2>/dev/null || true
-  tck=$(getconf CLK_TCK)
-  us() { awk -v t="$1" -v r="$2" -v s="$secs" -v k="$tck" 'BEGIN { printf "%.0f", t / k * 1e6 / (r * s) }'; }
   echo "| $rt bare server, fixed body of that size (baseline) | ${bare_rps%.*} | $(us $((c1 - c0)) "$bare_rps") | 1.00 |"
   echo "| rackfeed $rt, token batches | ${rps%.*} | $(us $((c3 - c2)) "$rps") | $(awk -v a="$rps" -v b="$bare_rps" 'BEGIN { printf "%.2f", a / b }') |"
 done

@@ -34,11 +34,12 @@ const transport = await c.transport();
 if (transport !== "shm") throw new Error(`${url} is not reachable over shm from here`);
 
 const continuous = args.includes("--continuous");
+const endStep = continuous ? steps * passes : steps;
 const hashes: string[] = [];
 // The untimed pass covers the steps the timed one reads: the server then holds their plans, as it
 // does for the HTTP rows' steps (a run on fresh steps would pay planning that a run after it
 // does not).
-for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep: continuous ? steps * passes : steps, prefetch: 3 })) {
+for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep, prefetch: 3 })) {
   if (hash) {
     const d = await crypto.subtle.digest("SHA-256", new Uint8Array(b.tokens.buffer as ArrayBuffer, b.tokens.byteOffset, b.tokens.byteLength));
     hashes.push([...new Uint8Array(d)].map((x) => x.toString(16).padStart(2, "0")).join(""));
@@ -49,7 +50,7 @@ let firstWait = NaN;
 let bytes = 0;
 const t0 = performance.now();
 for (let p = 0; p < (continuous ? 1 : passes) && Date.now() < deadline; p++) {
-  for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep: continuous ? steps * passes : steps, prefetch: 3 })) {
+  for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep, prefetch: 3 })) {
     if (lat.length === 0) firstWait = b.waitSeconds;
     lat.push(b.waitSeconds);
     bytes += b.tokens.byteLength;

@@ -5,6 +5,7 @@
 # Run from the repo root: bash bench/transport/bare.sh   (needs wrk, h2load, node, node_modules/.bin/deno)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+. bench/transport/bare-servers.sh
 gbs() { # value unit -> GB/s
   awk -v v="$1" -v u="$2" 'BEGIN { m = (u == "GB") ? 1024^3 : (u == "MB") ? 1024^2 : (u == "KB") ? 1024 : 1; printf "%.2f", v * m / 1e9 }'
 }
@@ -13,12 +14,10 @@ echo "|---|---|---|---|---|"
 for rt in node deno; do
   for mib in 1 8; do
     log=$(mktemp)
-    if [ $rt = node ]; then node bench/transport/bare-servers.mjs $((mib << 20)) > "$log" & else node_modules/.bin/deno run -A bench/transport/bare-servers.mjs $((mib << 20)) > "$log" & fi
-    pid=$!
-    for _ in $(seq 1 100); do [ "$(grep -c . "$log")" -ge 2 ] && break; sleep 0.1; done
-    p1=$(awk '$1 == "h1" { print $2 }' "$log"); p2=$(awk '$1 == "h2c" { print $2 }' "$log")
-    o1=$(wrk -t1 -c4 -d3s "http://127.0.0.1:$p1/")
-    o2=$(h2load -c1 -m4 -D 3 "http://127.0.0.1:$p2/")
+    start_bare_servers $rt $((mib << 20)) "$log"
+    pid=$BARE_PID
+    o1=$(wrk -t1 -c4 -d3s "http://127.0.0.1:$BARE_H1/")
+    o2=$(h2load -c1 -m4 -D 3 "http://127.0.0.1:$BARE_H2C/")
     # Error answers are cheap: a run with any would overstate the rate.
     if grep -qE 'Non-2xx|Socket errors' <<< "$o1" || ! grep -qE ' 0 failed, 0 errored' <<< "$o2"; then
       echo "load generator saw errors ($rt, $mib MiB):" >&2; echo "$o1" "$o2" >&2; kill $pid; exit 1

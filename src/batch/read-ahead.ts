@@ -148,7 +148,8 @@ export class ReadAhead {
         this.#consumers.set(id, c);
         return;
       }
-      const late = c.reg === reg && step < c.step && c.step - step <= OWED_STEPS ? c.owed.indexOf(step) : -1;
+      // Owed steps are never more than OWED_STEPS behind `step` (trimmed below as it moves).
+      const late = c.reg === reg && step < c.step ? c.owed.indexOf(step) : -1;
       if (late >= 0) {
         // Skipped and now served after a later step: its blocks were released then, and the
         // window stands.
@@ -156,17 +157,16 @@ export class ReadAhead {
         this.#consumers.set(id, c);
         return;
       }
+      const back = c.reg !== reg || step < c.step;
       // A rebuilt dataset, a step served before, or one beyond the window: a resume or restart
       // elsewhere, for which the old look-ahead is useless.
-      const jump = c.reg !== reg || step < c.step || step > c.warmedThrough;
-      if (c.reg !== reg || step < c.step || step - c.step - 1 > OWED_STEPS) c.owed.length = 0;
+      const jump = back || step > c.warmedThrough;
+      if (back || step - c.step - 1 > OWED_STEPS) c.owed.length = 0;
       else {
         for (let s = c.step + 1; s < step; s++) c.owed.push(s);
         // Owed steps further behind than OWED_STEPS are no longer expected (their requests died
         // with a client): one of them served now is a resume, not a straggler.
-        let stale = 0;
-        while (stale < c.owed.length && (c.owed[stale] < step - OWED_STEPS || c.owed.length - stale > OWED_STEPS)) stale++;
-        if (stale > 0) c.owed.splice(0, stale);
+        while (c.owed.length > 0 && c.owed[0] < step - OWED_STEPS) c.owed.shift();
       }
       if (!jump && step > c.step) {
         // Steps consumed since the last move forward, late ones included: the time of one step,

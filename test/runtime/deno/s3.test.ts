@@ -76,6 +76,34 @@ async function s3Fixture(name: string) {
   };
 }
 
+/**
+ * A server (and its Deno listener) whose origins are `origins` (written to `dir/c.json`), with
+ * 64 KiB blocks of 16 KiB parts and `args` added.
+ */
+async function serveOrigins(dir: string, origins: Record<string, unknown>, args: string[], s3FetchPool?: typeof s3FetchPoolDeno) {
+  await Deno.writeTextFile(`${dir}/c.json`, JSON.stringify({ origins }));
+  const config = loadConfig({
+    args: [
+      "--listen", "127.0.0.1:0", "--config", `${dir}/c.json`, "--cache-dir", `${dir}/cache`, "--block-bytes", "64KiB", "--part-bytes", "16KiB",
+      ...args,
+    ],
+    env: {},
+    readTextFile: (p) => Deno.readTextFileSync(p),
+    cwd: dir,
+  });
+  const server = await createServer(config, { now: () => performance.now(), log: () => {}, ...(s3FetchPool ? { s3FetchPool } : {}) });
+  return { server, listener: await listenDeno(server.fetch, config.listen) };
+}
+
+/** Asserts that bytes `a`..`b` of `obj.bin` from origin `s3` come back exactly. */
+async function expectRange(url: string, data: Uint8Array, a: number, b: number, signal?: AbortSignal): Promise<void> {
+  const res = await fetch(`${url}/v1/objects/s3/obj.bin`, { headers: { range: `bytes=${a}-${b}` }, signal });
+  assert.equal(res.status, 206);
+  const got = new Uint8Array(await res.arrayBuffer());
+  assert.equal(got.length, b - a + 1);
+  assert.ok(got.every((v, j) => v === data[a + j]), `bytes ${a}-${b} differ`);
+}
+
 Deno.test({
   name: "S3 origin on Deno: random ranges across blocks equal the original; a dead endpoint gives 502 quickly",
   // The SDK keeps sockets and timers in its pool until destroyed; server.close() destroys it.
@@ -88,37 +116,15 @@ Deno.test({
     const data = pattern(size, 3);
     try {
       await client.send(new PutObjectCommand({ Bucket: s3.bucket, Key: `${prefix}obj.bin`, Body: data }));
-      await Deno.writeTextFile(
-        `${dir}/c.json`,
-        JSON.stringify({
-          origins: {
-            s3: { url: `s3://${s3.bucket}/${prefix}`, endpoint: s3.endpoint, region: s3.region },
-            dead: { url: `s3://${s3.bucket}/${prefix}`, endpoint: "http://127.0.0.1:9", region: s3.region },
-          },
-        }),
-      );
-      const config = loadConfig({
-        args: [
-          "--listen", "127.0.0.1:0", "--config", `${dir}/c.json`, "--cache-dir", `${dir}/cache`,
-          "--block-bytes", "64KiB", "--part-bytes", "16KiB", "--origin-retries", "2", "--origin-backoff", "10ms",
-        ],
-        env: {},
-        readTextFile: (p) => Deno.readTextFileSync(p),
-        cwd: dir,
-      });
-      const server = await createServer(config, { now: () => performance.now(), log: () => {} });
-      const listener = await listenDeno(server.fetch, config.listen);
+      const { server, listener } = await serveOrigins(dir, {
+        s3: { url: `s3://${s3.bucket}/${prefix}`, endpoint: s3.endpoint, region: s3.region },
+        dead: { url: `s3://${s3.bucket}/${prefix}`, endpoint: "http://127.0.0.1:9", region: s3.region },
+      }, ["--origin-retries", "2", "--origin-backoff", "10ms"]);
       try {
         let seed = 7;
         for (let i = 0; i < 25; i++) {
           seed = (seed * 1103515245 + 12345) % 2 ** 31;
-          const a = seed % size;
-          const b = Math.min(size - 1, a + (seed % 150_000));
-          const res = await fetch(`${listener.url}/v1/objects/s3/obj.bin`, { headers: { range: `bytes=${a}-${b}` } });
-          assert.equal(res.status, 206);
-          const got = new Uint8Array(await res.arrayBuffer());
-          assert.equal(got.length, b - a + 1);
-          assert.ok(got.every((v, j) => v === data[a + j]), `bytes ${a}-${b} differ`);
+          await expectRange(listener.url, data, seed % size, Math.min(size - 1, seed % size + (seed % 150_000)));
         }
         const t0 = performance.now();
         const dead = await fetch(`${listener.url}/v1/objects/dead/obj.bin`);
@@ -170,29 +176,14 @@ Deno.test({
     );
     try {
       await client.send(new PutObjectCommand({ Bucket: s3.bucket, Key: `${prefix}obj.bin`, Body: data }));
-      await Deno.writeTextFile(
-        `${dir}/c.json`,
-        JSON.stringify({
-          origins: {
-            s3: { url: `s3://${s3.bucket}/${prefix}`, endpoint: proxy.url, region: s3.region },
-            dead: { url: `s3://${s3.bucket}/${prefix}`, endpoint: `http://127.0.0.1:${deadPort}`, region: s3.region },
-            untrusted: { url: `s3://${s3.bucket}/${prefix}`, endpoint: `https://127.0.0.1:${untrusted.addr.port}`, region: s3.region },
-          },
-        }),
-      );
-      const config = loadConfig({
-        args: [
-          "--listen", "127.0.0.1:0", "--config", `${dir}/c.json`, "--cache-dir", `${dir}/cache`, "--s3-http", "fetch",
-          "--block-bytes", "64KiB", "--part-bytes", "16KiB", "--part-sizing", "fixed", "--origin-timeout", "300ms",
-          "--origin-backoff", "10ms", "--origin-hedge", "0",
-        ],
-        env: {},
-        readTextFile: (p) => Deno.readTextFileSync(p),
-        cwd: dir,
-      });
       // As the Deno host builds it: each origin with a pool of its own.
-      const server = await createServer(config, { now: () => performance.now(), log: () => {}, s3FetchPool: s3FetchPoolDeno });
-      const listener = await listenDeno(server.fetch, config.listen);
+      const { server, listener } = await serveOrigins(dir, {
+        s3: { url: `s3://${s3.bucket}/${prefix}`, endpoint: proxy.url, region: s3.region },
+        dead: { url: `s3://${s3.bucket}/${prefix}`, endpoint: `http://127.0.0.1:${deadPort}`, region: s3.region },
+        untrusted: { url: `s3://${s3.bucket}/${prefix}`, endpoint: `https://127.0.0.1:${untrusted.addr.port}`, region: s3.region },
+      }, [
+        "--s3-http", "fetch", "--part-sizing", "fixed", "--origin-timeout", "300ms", "--origin-backoff", "10ms", "--origin-hedge", "0",
+      ], s3FetchPoolDeno);
       try {
         let seed = 5;
         // 8 readers at once, so stalled, reset and trickling bodies overlap in the fetch pool.
@@ -208,13 +199,7 @@ Deno.test({
         const readers = Promise.all(Array.from({ length: 8 }, async () => {
           for (let i = 0; i < 6; i++) {
             seed = (seed * 1103515245 + 12345) % 2 ** 31;
-            const a = seed % size;
-            const b = Math.min(size - 1, a + (seed % 300_000));
-            const res = await fetch(`${listener.url}/v1/objects/s3/obj.bin`, { headers: { range: `bytes=${a}-${b}` }, signal: stop.signal });
-            assert.equal(res.status, 206);
-            const got = new Uint8Array(await res.arrayBuffer());
-            assert.equal(got.length, b - a + 1);
-            assert.ok(got.every((v, j) => v === data[a + j]), `bytes ${a}-${b} differ`);
+            await expectRange(listener.url, data, seed % size, Math.min(size - 1, seed % size + (seed % 300_000)), stop.signal);
           }
         }));
         try {
