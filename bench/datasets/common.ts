@@ -95,7 +95,7 @@ export function sortedCopy(xs: readonly number[]): Float64Array {
 }
 
 export function fmt(x: number, digits = 2): string {
-  return Number.isFinite(x) ? x.toFixed(digits) : String(x);
+  return Number.isFinite(x) ? x.toFixed(digits) : Number.isNaN(x) ? "–" : String(x);
 }
 
 /** Prints a markdown table. */

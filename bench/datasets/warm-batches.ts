@@ -21,17 +21,21 @@
  * long the trainer's `next()` blocked; every batch's sha256 is checked against numpy's.
  * A second line beside the baseline, "one copy alone", is the limit of rackfeed's design here:
  * the same pieces copied once each, memory to memory, in this process (see `copyRun`); the shm
- * path pays that copy plus planning and its transport.
+ * path pays that copy plus planning and its transport. "One copy on N threads" spreads that copy
+ * over worker threads fed step by step by a dispatcher (bench/datasets/parallel-copy.ts): how far
+ * a server whose gather runs on several threads could go.
  */
 
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { Agent } from "node:http";
+import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { buildTokenDataset, parseDatasetConfig, parseIndex, PIECE_STRIDE } from "../../src/dataset/mod.ts";
 import { type ChildServer, DENO, NODE, NODE_TS, startChild } from "../../test/helpers/spawn.ts";
 import { runShmClient } from "../shm/run-client.ts";
+import { parallelCopyRun } from "./parallel-copy.ts";
 import {
   type BenchDataset,
   DATASETS,
@@ -52,6 +56,8 @@ const STEPS = Number(process.env.BENCH_STEPS ?? 1500);
 const PASSES = Number(process.env.BENCH_PASSES ?? 2);
 const REPS = Number(process.env.BENCH_REPS ?? 3);
 const CONC = Number(process.env.BENCH_CONCURRENCY ?? 4);
+/** Threads of the "one copy on N threads" rows: 2, 4 and 8, those the machine has cores for. */
+const COPY_THREADS = [2, 4, 8].filter((n) => n <= Math.max(2, availableParallelism() - 1));
 const ADMIN = "bench-admin";
 const DATA = join(OUT, "data");
 const DEADLINE = Date.now() + 20 * 60_000; // every loop below is bounded by count; this bounds the whole run
@@ -246,6 +252,11 @@ async function main(): Promise<void> {
         numpyVersion = np.version;
         push(`${ds.name}/numpy`, np.r);
         push(`${ds.name}/copy`, copyRun(ds, prefix, plan, window));
+        const raw = new Float64Array(readFileSync(plan).buffer.slice(0));
+        for (const threads of COPY_THREADS) {
+          const rate = await parallelCopyRun(`${prefix}.bin`, raw, { steps: STEPS, passes: PASSES, microBatch: MICRO_BATCH, bodyBytes, itemSize: ds.itemSize, threads });
+          push(`${ds.name}/copy ${threads}`, { batchesPerS: rate, lat: new Float64Array([NaN]), misses: 0 });
+        }
         for (const rt of ["deno", "node"] as const) {
           const base = servers[rt].url;
           if (rep === 0) await warmAndCheck(base, ds.name, np.hashes, bodyBytes);
@@ -268,7 +279,7 @@ async function main(): Promise<void> {
   for (const ds of DATASETS) {
     const base = results.get(`${ds.name}/numpy`)!;
     const baseRate = median(base.map((r) => r.batchesPerS));
-    for (const target of ["numpy", "copy", "deno c=1", "node c=1", `deno c=${CONC}`, `node c=${CONC}`, "deno shm deno", "deno shm node", "node shm deno", "node shm node"]) {
+    for (const target of ["numpy", "copy", ...COPY_THREADS.map((n) => `copy ${n}`), "deno c=1", "node c=1", `deno c=${CONC}`, `node c=${CONC}`, "deno shm deno", "deno shm node", "node shm deno", "node shm node"]) {
       const rs = results.get(`${ds.name}/${target}`)!;
       const rates = rs.map((r) => r.batchesPerS);
       const rate = median(rates);
@@ -279,6 +290,8 @@ async function main(): Promise<void> {
           ? "numpy memmap gather (baseline)"
           : target === "copy"
           ? "one copy alone: the pieces, memory to memory, in process (the limit)"
+          : target.startsWith("copy ")
+          ? `one copy on ${target.slice(5)} threads, a dispatcher handing out steps (bench/datasets/parallel-copy.ts)`
           : target.includes("shm") ? `rackfeed ${target.replace(/ shm (\w+)/, " server, shm, $1 client")}` : `rackfeed ${target}`,
         `${fmt(rate, 0)} (${fmt(Math.min(...rates), 0)}–${fmt(Math.max(...rates), 0)})`,
         fmt(mbps, 0),
