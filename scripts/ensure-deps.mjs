@@ -10,3 +10,5 @@ if (stale) {
   console.error("rackfeed: installing dependencies (npm install) ...");
   execSync("npm install --no-audit --no-fund", { stdio: "inherit", cwd: new URL("..", import.meta.url) });
 }
+
+await import("./build-native.mjs");

@@ -24,6 +24,7 @@ import { dashboardRoutes } from "./http/routes/dashboard.ts";
 import { OPENAPI_DOCUMENT, routeDoc } from "./http/route-docs.ts";
 import { openAPIRouteHandler } from "hono-openapi";
 import type { OriginGateway } from "./origin/origin-gateway.ts";
+import type { PieceCopier } from "./batch/piece-copier.ts";
 
 /** Everything the HTTP app needs, built by `createServer` (or by a test). */
 export interface AppDeps {
@@ -49,6 +50,8 @@ export interface AppDeps {
   readonly maxBatchBytes: number;
   /** Reusable batch bodies and the runtime's word on when a response is out; unset: a new body per batch. */
   readonly bodies?: BatchBodies;
+  /** The native gather; unset: batches are copied in JavaScript. */
+  readonly copier?: PieceCopier;
   readonly now: () => number;
   /** Reports unexpected errors. */
   readonly log: (message: string, err?: unknown) => void;
@@ -83,6 +86,7 @@ export function createApp(deps: AppDeps): Hono {
     adminToken: deps.adminToken,
     maxBatchBytes: deps.maxBatchBytes,
     bodies: deps.bodies,
+    copier: deps.copier,
     now: deps.now,
     onBatch: (s, cache) => deps.metrics.observeBatch(s, cache),
     stats: deps.batchStats,

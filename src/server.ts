@@ -21,6 +21,7 @@ import type { Origin } from "./origin/origin.ts";
 import type { IndexBuilder } from "./runtime/index-builder.ts";
 import type { ClientGone, WhenDone } from "./runtime/listener.ts";
 import type { MapFile } from "./shm/ring-file.ts";
+import type { PieceCopier } from "./batch/piece-copier.ts";
 import { SHM_PROTOCOL_VERSION } from "./shm/protocol.ts";
 import { type PeerIdentity, ShmServer } from "./shm/shm-server.ts";
 
@@ -76,6 +77,8 @@ export interface ServerEnv {
   readonly lockFile?: LockFile;
   /** Maps a file shared and writable; without it the shm path writes rings with pwrite (one more copy). */
   readonly mapFile?: MapFile;
+  /** The native gather (`native/gather.c`), where the runtime loads it; used unless `--native-gather off`. */
+  readonly copier?: PieceCopier;
   /** Reads shm peers' Unix credentials (SO_PEERCRED); without it every peer needs the read token. */
   readonly peers?: PeerIdentity;
   /** See `WhenDone`: when a response is over. HTTP batch bodies are reused, and bounded in flight, only where this is given. */
@@ -216,6 +219,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
   });
   let shm: ShmServer | undefined;
   // HTTP batch bodies, reused and bounded in flight, where the runtime tells when a response is over.
+  const copier = config.nativeGather === "off" ? undefined : env.copier;
   const bodies = env.whenDone
     ? new BatchBodyPool({ poolBytes: config.batchPoolBytes, inflightBytes: config.batchInflightBytes, maxWaiting: 1024, waitMs: BATCH_WAIT_MS })
     : undefined;
@@ -276,6 +280,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     adminToken: config.adminToken,
     maxBatchBytes: config.maxBatchBytes,
     bodies: env.whenDone && bodies ? { pool: bodies, whenDone: env.whenDone, clientGone: env.clientGone } : undefined,
+    copier,
     now: env.now,
     log: env.log,
   });
@@ -317,6 +322,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
           pid: env.pid ?? 0,
           isAlive: env.isAlive ?? (() => true),
           mapFile: env.mapFile,
+          copier,
           peers: env.peers,
           now: env.now,
           log: env.log,

@@ -9,6 +9,7 @@ import { readFileSync } from "node:fs";
 import { assembleSamples } from "../../src/batch/assemble-batch.ts";
 import { stepSamples } from "../../src/batch/read-ahead.ts";
 import { loadConfig } from "../../src/config/load.ts";
+import { loadNodePieceCopier } from "../../src/runtime/native-gather-node.ts";
 import { createServer } from "../../src/server.ts";
 
 /**
@@ -19,7 +20,9 @@ import { createServer } from "../../src/server.ts";
  */
 export async function assemblyGBs(serveArgs: string[], dataset: string, microBatch: number, steps: number, seconds: number): Promise<number> {
   const config = loadConfig({ args: [...serveArgs, "--shm-dir", "off"], env: {}, readTextFile: (p) => readFileSync(p, "utf8"), cwd: process.cwd() });
-  const server = await createServer(config, { now: () => performance.now(), log: () => {} });
+  // As the servers copy: natively where the library is built (BENCH_ARGS="--native-gather off" turns both off).
+  const copier = config.nativeGather === "off" ? undefined : loadNodePieceCopier();
+  const server = await createServer(config, { now: () => performance.now(), log: () => {}, copier });
   try {
     for (let s = 0; s < steps; s++) {
       const res = await server.fetch(new Request(`http://bench/v1/datasets/${dataset}/batches/${s}?rank=0&world=1&micro_batch=${microBatch}`));
@@ -32,7 +35,7 @@ export async function assemblyGBs(serveArgs: string[], dataset: string, microBat
     let n = 0;
     const t0 = performance.now();
     while (performance.now() - t0 < seconds * 1000) {
-      const b = await assembleSamples(server.cache, reg, stepSamples(n++ % steps, 0, 1, microBatch), microBatch, Infinity, () => performance.now(), into);
+      const b = await assembleSamples(server.cache, reg, stepSamples(n++ % steps, 0, 1, microBatch), microBatch, Infinity, { into, copier });
       into ??= b.body;
       bytes += b.body.length;
     }

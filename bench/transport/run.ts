@@ -205,7 +205,7 @@ try {
   const serveFlags = (dir: string) => ["--origin", `data=${ws.origin}`, "--cache-dir", dir, "--dataset", `d=${ws.dir}/d.json`, "--read-ahead-seconds", "0"];
   // The ceiling of every transport below: the same batches assembled in this process, no transport.
   const asm: number[] = [];
-  for (const { mb, steps } of SIZES) asm.push(await assemblyGBs(serveFlags(`${ws.dir}/c-asm`), "d", mb, steps, 2));
+  for (const { mb, steps } of SIZES) asm.push(await assemblyGBs([...serveFlags(`${ws.dir}/c-asm`), ...EXTRA_ARGS], "d", mb, steps, 2));
   const [asm1, asm8] = asm;
   console.log(`batch assembly alone (plan + gather copy from memory-tier blocks into a reused buffer, one thread, this process): 1 MiB ${asm1.toFixed(2)} GB/s, 8 MiB ${asm8.toFixed(2)} GB/s`);
   console.log(`\n| server | transport | 1 MiB batches GB/s | vs memcpy | vs memcpy from memory | vs assembly | 8 MiB batches GB/s | vs memcpy | vs memcpy from memory | vs assembly | batch 8×4097 u16 p50 ms | p99 ms | new consumer's first batch ms, 1 / 8 MiB |`);

@@ -8,6 +8,7 @@ import type { BlockCache } from "../cache/block-cache.ts";
 import { DTYPE_CODES, PIECE_STRIDE, type TokenDtype } from "../dataset/mod.ts";
 import { CacheServerError, RangeNotSatisfiableError } from "../errors.ts";
 import type { RegisteredDataset } from "./dataset-catalog.ts";
+import { blockAddress, PIECE_NUMBERS, type PieceCopier, SLICE_BYTES } from "./piece-copier.ts";
 
 /** Bytes per token of each dtype. */
 export const ITEM_SIZE: Readonly<Record<TokenDtype, number>> = Object.fromEntries(
@@ -172,17 +173,31 @@ export function blockIndex(packed: number): number {
   return packed % BLOCK_KEY;
 }
 
+/** How `assembleSamples` runs: its clock, where the body goes, and how pieces are copied. */
+export interface AssembleOptions {
+  /** Clock in ms (default `performance.now`). */
+  readonly now?: () => number;
+  /** Where to assemble (a shared-memory slot, a pooled body); a new buffer when unset. */
+  readonly into?: Uint8Array;
+  /** The native gather, where the runtime loaded it; unset: pieces are copied in JavaScript. */
+  readonly copier?: PieceCopier;
+}
+
+/** The copy list of a batch copied on this thread, reused (such a copy never interleaves with another). */
+let copyScratch = new Float64Array(PIECE_NUMBERS * 1024);
+
 /**
  * Assembles samples `[first, first + count)` of a dataset: fetches every block they touch (in
- * parallel, through the cache's single-flight fills), then copies each piece once into the body.
+ * parallel, through the cache's single-flight fills), then copies each piece once into the body:
+ * natively where a copier is given (a batch of a MiB or more spread over its threads), else in
+ * JavaScript.
  *
  * @param cache the block cache
  * @param reg the dataset
  * @param first first sample
  * @param count number of samples
  * @param maxBytes the largest body allowed
- * @param now clock in ms
- * @param into where to assemble (a shared-memory slot); a new buffer when unset
+ * @param opts clock, destination and copier
  * @returns the body (`count × windowLength` tokens, little-endian) and what it cost
  * @throws {CacheServerError} `BAD_REQUEST` when the body would exceed `maxBytes`
  * @throws {RangeNotSatisfiableError} when a sample does not exist
@@ -193,9 +208,10 @@ export async function assembleSamples(
   first: number,
   count: number,
   maxBytes: number,
-  now: () => number = () => performance.now(),
-  into?: Uint8Array,
+  opts: AssembleOptions = {},
 ): Promise<AssembledBatch> {
+  const now = opts.now ?? (() => performance.now());
+  const into = opts.into;
   const t0 = now();
   const ds = reg.dataset;
   const w = ds.windowLength;
@@ -234,27 +250,11 @@ export async function assembleSamples(
   // Every byte is written below (checked: `dst === bytes`), so a new body need not be zeroed
   // first: a zeroed buffer of this size costs fresh pages or a memset on every batch.
   const body = into ? into.subarray(0, bytes) : Buffer.allocUnsafeSlow(bytes);
-  let view: DataView | undefined; // only mixed-dtype blends need one
-  let dst = 0; // bytes written
-  const { segments, segmentCount } = plan;
-  for (let i = 0; i < segmentCount * SEGMENT_STRIDE; i += SEGMENT_STRIDE) {
-    const inDtype = ds.sources[segments[i]].index.dtype;
-    const block = got[segments[i + 1]];
-    const start = segments[i + 2];
-    const end = segments[i + 3];
-    // The body is not zeroed, so every byte counted must be a byte copied: a block shorter than
-    // its plan (impossible while fills are sized from the object's length) fails the batch.
-    if (block.length < end) {
-      throw new Error(`Batch of dataset "${reg.name}": a block of ${block.length} bytes is shorter than its plan (${end} bytes)`);
-    }
-    if (inDtype === ds.dtype) {
-      body.set(block.subarray(start, end), dst);
-      dst += end - start;
-    } else {
-      view ??= new DataView(body.buffer, body.byteOffset, body.byteLength);
-      dst = widenInto(view, dst, block, start, end, inDtype);
-    }
-  }
+  // The body is not zeroed, so every byte counted must be a byte copied: a block shorter than its
+  // plan (impossible while fills are sized from the object's length) fails the batch.
+  const copier = opts.copier;
+  const copied = copier && servedAsStored(reg) && plan.segmentCount > 0 ? copyNatively(copier, reg, plan, got, body) : copyInScript(reg, plan, got, body);
+  const dst = typeof copied === "number" ? copied : await copied;
   if (dst !== bytes) {
     throw new Error(`Batch of dataset "${reg.name}" assembled ${dst} bytes, expected ${bytes}: the plan and the window disagree`);
   }
@@ -272,6 +272,90 @@ export async function assembleSamples(
     fetchSeconds: (t2 - t1) / 1000,
     copySeconds: (t1 - t0 + t3 - t2) / 1000,
   };
+}
+
+/** Copies a plan's segments in JavaScript (and widens tokens of mixed-dtype blends); returns the bytes written. */
+function copyInScript(reg: RegisteredDataset, plan: SamplePlan, got: Uint8Array[], body: Uint8Array): number {
+  const ds = reg.dataset;
+  let view: DataView | undefined; // only mixed-dtype blends need one
+  let dst = 0; // bytes written
+  const { segments, segmentCount } = plan;
+  for (let i = 0; i < segmentCount * SEGMENT_STRIDE; i += SEGMENT_STRIDE) {
+    const inDtype = ds.sources[segments[i]].index.dtype;
+    const block = got[segments[i + 1]];
+    const start = segments[i + 2];
+    const end = segments[i + 3];
+    checkBlock(reg, block, end);
+    if (inDtype === ds.dtype) {
+      body.set(block.subarray(start, end), dst);
+      dst += end - start;
+    } else {
+      view ??= new DataView(body.buffer, body.byteOffset, body.byteLength);
+      dst = widenInto(view, dst, block, start, end, inDtype);
+    }
+  }
+  return dst;
+}
+
+/**
+ * Copies a plan's segments with the native gather: on this thread for a small batch (a thread
+ * hop costs more than copying 64 KiB), else in slices of at least `SLICE_BYTES` on the copier's
+ * threads, while the event loop serves others. Returns the bytes copied.
+ */
+function copyNatively(copier: PieceCopier, reg: RegisteredDataset, plan: SamplePlan, got: Uint8Array[], body: Uint8Array): number | Promise<number> {
+  const { segments, segmentCount } = plan;
+  const bytes = body.length;
+  const slices = Math.min(copier.threads, Math.floor(bytes / SLICE_BYTES));
+  // A threaded copy needs a list of its own: the scratch may be reused by the next batch while the threads run.
+  let pieces: Float64Array;
+  if (slices >= 2) pieces = new Float64Array(PIECE_NUMBERS * segmentCount);
+  else {
+    if (copyScratch.length < PIECE_NUMBERS * segmentCount) copyScratch = new Float64Array(PIECE_NUMBERS * segmentCount * 2);
+    pieces = copyScratch;
+  }
+  let dst = 0;
+  for (let i = 0, p = 0; i < segmentCount * SEGMENT_STRIDE; i += SEGMENT_STRIDE, p += PIECE_NUMBERS) {
+    const block = got[segments[i + 1]];
+    const start = segments[i + 2];
+    const end = segments[i + 3];
+    checkBlock(reg, block, end);
+    pieces[p] = blockAddress(copier, block) + start;
+    pieces[p + 1] = end - start;
+    pieces[p + 2] = dst;
+    dst += end - start;
+  }
+  // Every piece must land inside the body: the native copy checks nothing.
+  if (dst !== bytes) return dst;
+  if (slices < 2) return copier.copy(body, pieces, 0, segmentCount);
+  // Cut where the bytes copied so far pass each slice's share, so threads get equal bytes, not equal pieces.
+  const cuts = [0];
+  for (let p = 0, k = 1; p < segmentCount && k < slices; p++) {
+    if (pieces[PIECE_NUMBERS * p + 2] >= (k * bytes) / slices) {
+      cuts.push(p);
+      k++;
+    }
+  }
+  cuts.push(segmentCount);
+  // The blocks (`got`), the list and the body stay referenced by this closure until every slice has settled.
+  return Promise.all(cuts.slice(1).map((end, k) => copier.copyOnThread(body, pieces, cuts[k], end))).then((copied) => {
+    void got;
+    return copied.reduce((a, b) => a + b, 0);
+  });
+}
+
+const asStored = new WeakMap<RegisteredDataset, boolean>();
+
+/** Whether every source's tokens are stored in the served dtype (only mixed-dtype blends widen them). */
+function servedAsStored(reg: RegisteredDataset): boolean {
+  let v = asStored.get(reg);
+  if (v === undefined) asStored.set(reg, (v = reg.dataset.sources.every((s) => s.index.dtype === reg.dataset.dtype)));
+  return v;
+}
+
+function checkBlock(reg: RegisteredDataset, block: Uint8Array, end: number): void {
+  if (block.length < end) {
+    throw new Error(`Batch of dataset "${reg.name}": a block of ${block.length} bytes is shorter than its plan (${end} bytes)`);
+  }
 }
 
 /**

@@ -39,6 +39,8 @@ export interface CliHost {
   readonly lockFile?: ServerEnv["lockFile"];
   /** Maps a file shared and writable (FFI / koffi); without it rings are written with pwrite. */
   readonly mapFile?: (path: string, bytes: number) => { readonly bytes: Uint8Array; unmap(): void };
+  /** See `ServerEnv.copier`: the native gather, where the runtime loads it. */
+  readonly copier?: ServerEnv["copier"];
   /** See `ServerEnv.peers`: shm peers' Unix credentials, where the runtime can read them. */
   readonly peers?: ServerEnv["peers"];
   /** See `ServerEnv.buildOffThread`. */
@@ -145,6 +147,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       isAlive: host.isAlive,
       lockFile: host.lockFile,
       mapFile: host.mapFile,
+      copier: host.copier,
       peers: host.peers,
       buildOffThread: host.buildOffThread,
       s3HttpAuto: host.s3HttpAuto,

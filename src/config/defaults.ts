@@ -338,6 +338,14 @@ export const TUNABLES = {
     parse: sizeIn(0, 16 * 2 ** 30),
     doc: "HTTP batch bodies kept for reuse once their response is out (0 allocates a new body per batch, which costs fresh pages)",
   } as Tunable<number>,
+  nativeGather: {
+    key: "nativeGather",
+    flag: "--native-gather",
+    env: "RACKFEED_NATIVE_GATHER",
+    default: "auto",
+    parse: oneOf(["auto", "off"]),
+    doc: "Batch copies: auto = memcpy through native/build/librackfeed.so where it is built and the runtime can load it (on Deno with --allow-ffi; a batch of 1 MiB or more spread over up to 8 threads), else JavaScript; off = always JavaScript",
+  } as Tunable<"auto" | "off">,
   maxIndexBytes: {
     key: "maxIndexBytes",
     flag: "--max-index-bytes",

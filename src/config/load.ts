@@ -49,6 +49,7 @@ export interface Config {
   readonly readAheadMaxSteps: number;
   readonly maxBatchBytes: number;
   readonly batchPoolBytes: number;
+  readonly nativeGather: "auto" | "off";
   readonly batchInflightBytes: number;
   readonly maxIndexBytes: number;
   readonly readToken: string | undefined;

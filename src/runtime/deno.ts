@@ -8,6 +8,7 @@ import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
 import { workerIndexBuilder } from "./index-builder.ts";
 import { hostMemoryLimit } from "./memory-limit.ts";
 import { canMapDeno, mapFileDeno, peerCredentialsDeno } from "./libc-deno.ts";
+import { loadDenoPieceCopier } from "./native-gather-deno.ts";
 import { withFd } from "./socket-fd.ts";
 
 /**
@@ -194,6 +195,9 @@ export function denoHost(): CliHost {
     // Getters: libc is opened only by commands that serve shm.
     get mapFile() {
       return canMapDeno() ? (path: string, bytes: number) => mapFileDeno(path, bytes, true) : undefined;
+    },
+    get copier() {
+      return loadDenoPieceCopier();
     },
     get peers() {
       return peerIdentity();

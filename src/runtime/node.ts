@@ -11,6 +11,7 @@ import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
 import { workerIndexBuilder } from "./index-builder.ts";
 import { hostMemoryLimit } from "./memory-limit.ts";
+import { loadNodePieceCopier } from "./native-gather-node.ts";
 import { loadNodeFlock, loadNodeMapping, loadNodePeerCredentials } from "./libc-node.ts";
 import type { LockFile } from "../cache/disk-tier.ts";
 import { withFd } from "./socket-fd.ts";
@@ -275,6 +276,9 @@ export function nodeHost(): CliHost {
     get mapFile() {
       const map = loadNodeMapping();
       return map ? (path: string, bytes: number) => map(path, bytes, true) : undefined;
+    },
+    get copier() {
+      return loadNodePieceCopier();
     },
     get peers() {
       const peer = loadNodePeerCredentials();

@@ -11,6 +11,7 @@ import * as net from "node:net";
 import { setImmediate, setTimeout as unrefableTimeout } from "node:timers";
 import { assembleSamples, bodyBytes, cacheState } from "../batch/assemble-batch.ts";
 import type { BatchStats } from "../batch/batch-stats.ts";
+import type { PieceCopier } from "../batch/piece-copier.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../batch/dataset-catalog.ts";
 import { type ReadAhead, stepSamples } from "../batch/read-ahead.ts";
 import type { BlockCache } from "../cache/block-cache.ts";
@@ -93,6 +94,8 @@ export interface ShmServerOptions {
   readonly pid: number;
   readonly isAlive: (pid: number) => boolean;
   readonly mapFile: MapFile | undefined;
+  /** The native gather; unset: batches are copied in JavaScript. */
+  readonly copier?: PieceCopier;
   /**
    * Where the runtime can read a peer's Unix credentials: a peer running as this server's user
    * (or root) is admitted without the read token. Elsewhere every peer must send the token.
@@ -541,7 +544,7 @@ class ShmConnection {
       if (this.#closed) return;
       const first = stepSamples(step, consumer.rank, consumer.world, consumer.microBatch);
       const t0 = this.#o.now();
-      const batch = await assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, this.#o.now, ring.target(slot));
+      const batch = await assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, { now: this.#o.now, into: ring.target(slot), copier: this.#o.copier });
       if (this.#closed) return;
       const cache = cacheState(batch);
       ring.publish(slot, batch.body, { generation, length: batch.body.length, step, firstSample: first, cache });

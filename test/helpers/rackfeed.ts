@@ -7,6 +7,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { loadConfig } from "../../src/config/load.ts";
 import { clientGoneNode, listenNode, whenDoneNode } from "../../src/runtime/node.ts";
+import { loadNodePieceCopier } from "../../src/runtime/native-gather-node.ts";
 import type { Listener } from "../../src/runtime/listener.ts";
 import { createServer, type RackfeedServer, type ServerEnv } from "../../src/server.ts";
 
@@ -70,6 +71,8 @@ export async function startServer(
     // As `rackfeed serve` on Node: HTTP batch bodies are reused, and bounded in flight.
     whenDone: whenDoneNode,
     clientGone: clientGoneNode,
+    // and batches are copied natively (test/batch/piece-copier.test.ts fails where the library is not built).
+    copier: loadNodePieceCopier(),
     ...env,
   });
   const listener: Listener = await listenNode(server.fetch, config.listen, config.tls);

@@ -2,6 +2,7 @@
 
 import type { Context, Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
+import type { PieceCopier } from "../../batch/piece-copier.ts";
 import { assembleSamples, bodyBytes, cacheState, checkedBodyBytes, peekCacheState } from "../../batch/assemble-batch.ts";
 import type { BatchBodyPool } from "../../batch/body-pool.ts";
 import type { ClientGone, WhenDone } from "../../runtime/listener.ts";
@@ -31,6 +32,8 @@ export interface DatasetRoutesDeps {
   readonly wrapBody: (bytes: Uint8Array) => BodyInit;
   /** Reusable bodies; unset: a new body per batch. */
   readonly bodies?: BatchBodies;
+  /** The native gather; unset: batches are copied in JavaScript. */
+  readonly copier?: PieceCopier;
 }
 
 /** Batch bodies leased from a pool and given back once the runtime says their response is over. */
@@ -166,7 +169,7 @@ async function batchResponse(
       lease.abandon();
       return c.body(null, 204);
     }
-    batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, deps.now, lease?.body);
+    batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, { now: deps.now, into: lease?.body, copier: deps.copier });
     // The lease ends with the response. Registered only once the copy is over: a runtime may say
     // "done" as soon as the connection is gone (Deno resolves `completed` when an HTTP/1.1 client
     // leaves), and a body back in the pool must not be written by a late copy. Back to the pool

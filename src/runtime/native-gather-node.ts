@@ -1,0 +1,44 @@
+/**
+ * @module rackfeed's native gather (`native/gather.c`, built into native/build/librackfeed.so by
+ * scripts/build-native.mjs) on Node, through koffi. Threaded copies run on libuv's pool.
+ */
+
+import { existsSync } from "node:fs";
+import { availableParallelism } from "node:os";
+import { createRequire } from "node:module";
+import type { PieceCopier } from "../batch/piece-copier.ts";
+
+/** Where scripts/build-native.mjs puts the library. */
+export const NATIVE_LIBRARY = new URL("../../native/build/librackfeed.so", import.meta.url).pathname;
+
+let loaded: PieceCopier | null | undefined;
+
+/**
+ * Loads the library once.
+ *
+ * @returns the copier, or undefined where it is not built or koffi cannot load it (batches are then copied in JavaScript)
+ */
+export function loadNodePieceCopier(): PieceCopier | undefined {
+  if (loaded === undefined) {
+    try {
+      loaded = existsSync(NATIVE_LIBRARY) ? bind() : null;
+    } catch {
+      loaded = null;
+    }
+  }
+  return loaded ?? undefined;
+}
+
+function bind(): PieceCopier {
+  const koffi = createRequire(import.meta.url)("koffi") as typeof import("koffi");
+  const lib = koffi.load(NATIVE_LIBRARY);
+  const address = lib.func("double rackfeed_address(const void *p)");
+  const gather = lib.func("double rackfeed_gather(uint8_t *dst, const double *pieces, int32_t first, int32_t end)");
+  return {
+    address: (bytes) => address(bytes) as number,
+    copy: (dst, pieces, first, end) => gather(dst, pieces, first, end) as number,
+    copyOnThread: (dst, pieces, first, end) =>
+      new Promise((resolve, reject) => gather.async(dst, pieces, first, end, (e: unknown, n: number) => (e ? reject(e) : resolve(n)))),
+    threads: Math.min(8, availableParallelism()),
+  };
+}

@@ -1,0 +1,81 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { assembleSamples, planSamples } from "../../src/batch/assemble-batch.ts";
+import { type PieceCopier, SLICE_BYTES } from "../../src/batch/piece-copier.ts";
+import { readSample } from "../../src/dataset/mod.ts";
+import { loadNodePieceCopier, NATIVE_LIBRARY } from "../../src/runtime/native-gather-node.ts";
+import { makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
+
+// Windows of 1024 uint16 tokens (2 KiB): 1100 samples make a 2.2 MiB batch, copied in slices on threads.
+const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 1023, seed: 3, split: "100,0,0", split_index: 0, num_samples: 3000 };
+let ws: Workspace;
+let rf: RunningServer;
+let copier: PieceCopier;
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  await putSyntheticDataset(ws, "tok/d", 1000, 20, 400);
+  rf = await startServer(ws, [...(await datasetFlags(ws, "d", REG)), "--block-bytes", "8KiB"]);
+  copier = loadNodePieceCopier()!;
+});
+afterAll(async () => {
+  await rf.close();
+  await ws.remove();
+});
+
+describe("native gather", () => {
+  it("is built and loads here (scripts/build-native.mjs, run before npm test; CI installs gcc)", () => {
+    expect(copier, `${NATIVE_LIBRARY} did not load`).toBeDefined();
+    expect(copier.threads).toBeGreaterThanOrEqual(1);
+  });
+
+  it("copies pieces at the addresses of views into larger buffers, on this thread and on another", async () => {
+    const big = patternBytes(1 << 16, 5);
+    const view = big.subarray(1000, 5000); // a view: its address must include its offset
+    const pieces = new Float64Array([copier.address(view) + 10, 100, 0, copier.address(big) + 60000, 50, 100]);
+    const dst = new Uint8Array(150);
+    expect(copier.copy(dst, pieces, 0, 2)).toBe(150);
+    expect(dst.subarray(0, 100)).toEqual(big.subarray(1010, 1110));
+    expect(dst.subarray(100)).toEqual(big.subarray(60000, 60050));
+    const again = new Uint8Array(150);
+    expect(await copier.copyOnThread(again, pieces, 1, 2)).toBe(50);
+    expect(again.subarray(100)).toEqual(big.subarray(60000, 60050));
+    expect(again.subarray(0, 100).every((b) => b === 0)).toBe(true); // piece 0 was not in [1, 2)
+  });
+
+  it("assembles small and threaded batches byte for byte as the JavaScript copy, across block boundaries", async () => {
+    const reg = await rf.server.datasets.get("d");
+    const bin = new Uint8Array(await (await fetch(`${rf.url}/v1/objects/data/tok/d.bin`)).arrayBuffer());
+    const w = reg.dataset.windowLength;
+    // Four threads whatever this machine has, so that the batch is cut in four slices.
+    const threaded: PieceCopier = { ...copier, threads: 4 };
+    for (const [first, count] of [[40, 3], [7, 1100]] as const) {
+      const bytes = count * w * 2;
+      const plan = planSamples(reg, first, count, rf.server.cache.blockBytes);
+      expect(plan.segmentCount).toBeGreaterThan(count); // documents and 8 KiB blocks cut the windows
+      const inScript = await assembleSamples(rf.server.cache, reg, first, count, 2 ** 30);
+      let onThreads = 0;
+      const counting: PieceCopier = { ...threaded, copyOnThread: (...a) => (onThreads++, threaded.copyOnThread(...a)) };
+      const native = await assembleSamples(rf.server.cache, reg, first, count, 2 ** 30, { copier: counting });
+      expect(onThreads).toBe(bytes >= 2 * SLICE_BYTES ? 4 : 0);
+      expect(Buffer.from(native.body).equals(Buffer.from(inScript.body)), `samples ${first}+${count}`).toBe(true);
+      const want = new Uint16Array(w);
+      const got = new Uint16Array(native.body.buffer, native.body.byteOffset, count * w);
+      for (let i = 0; i < count; i += 97) {
+        readSample(reg.dataset, [bin], first + i, want);
+        expect(got.subarray(i * w, (i + 1) * w)).toEqual(want);
+      }
+    }
+  });
+
+  it("assembles into a given buffer (a ring slot) and leaves the bytes past the batch alone", async () => {
+    const reg = await rf.server.datasets.get("d");
+    const w = reg.dataset.windowLength;
+    const slot = new Uint8Array(8 * w * 2 + 64).fill(0xee);
+    const batch = await assembleSamples(rf.server.cache, reg, 100, 8, 2 ** 30, { into: slot, copier });
+    expect(batch.body.buffer).toBe(slot.buffer);
+    const inScript = (await assembleSamples(rf.server.cache, reg, 100, 8, 2 ** 30)).body;
+    expect(Buffer.from(slot.subarray(0, inScript.length)).equals(Buffer.from(inScript))).toBe(true);
+    expect(slot.subarray(inScript.length).every((b) => b === 0xee)).toBe(true);
+  });
+});
