@@ -21,7 +21,8 @@
  * long the trainer's `next()` blocked; every batch's sha256 is checked against numpy's.
  * A second line beside the baseline, "one copy alone", is the limit of rackfeed's design here:
  * the same pieces copied once each, memory to memory, in this process (see `copyRun`); the shm
- * path pays that copy plus planning and its transport. "One copy on N threads" spreads that copy
+ * path pays that copy plus planning and its transport; "one copy alone, memcpy" is the same copy
+ * through the native gather the servers use by default (one call per batch). "One copy on N threads" spreads that copy
  * over worker threads fed step by step by a dispatcher (bench/datasets/parallel-copy.ts): how far
  * a server whose gather runs on several threads could go.
  */
@@ -36,6 +37,7 @@ import { buildTokenDataset, parseDatasetConfig, parseIndex, PIECE_STRIDE } from 
 import { type ChildServer, DENO, NODE, NODE_TS, startChild } from "../../test/helpers/spawn.ts";
 import { runShmClient } from "../shm/run-client.ts";
 import { parallelCopyRun } from "./parallel-copy.ts";
+import { loadNodePieceCopier } from "../../src/runtime/native-gather-node.ts";
 import {
   type BenchDataset,
   DATASETS,
@@ -228,6 +230,50 @@ function median(xs: number[]): number {
   return s[Math.floor((s.length - 1) / 2)];
 }
 
+/**
+ * "One copy alone" with the native gather (`native/gather.c`, as the servers copy by default): the
+ * same pieces, listed per step as the server lists them (address, bytes, offset) and copied by one
+ * memcpy call per batch on this thread. Undefined where the library is not built.
+ */
+function nativeCopyRun(ds: BenchDataset, prefix: string, plan: string, window: number): Result | undefined {
+  const copier = loadNodePieceCopier();
+  if (!copier) return undefined;
+  const bin = readFileSync(`${prefix}.bin`);
+  const base = copier.address(bin);
+  const raw = new Float64Array(readFileSync(plan).buffer.slice(0));
+  const bodyBytes = MICRO_BATCH * window * ds.itemSize;
+  const ring = new Uint8Array(64 * bodyBytes);
+  const pieces = new Float64Array(3 * 4096);
+  const lat = new Float64Array(STEPS * PASSES);
+  const pass = (timed: number) => {
+    let k = 0;
+    for (let s = 0; s < STEPS; s++) {
+      const t0 = performance.now();
+      let n = 0;
+      let at = 0;
+      for (let j = 0; j < MICRO_BATCH; j++) {
+        const count = raw[k++];
+        for (let p = 0; p < count; p++, n++) {
+          const len = raw[k + 1] * ds.itemSize;
+          pieces[3 * n] = base + raw[k];
+          pieces[3 * n + 1] = len;
+          pieces[3 * n + 2] = at;
+          at += len;
+          k += 2;
+        }
+      }
+      const slot = ring.subarray((s % 64) * bodyBytes, (s % 64 + 1) * bodyBytes);
+      if (at !== bodyBytes || copier.copy(slot, pieces, 0, n) !== bodyBytes) throw new Error(`native copy alone: step ${s} gathered a wrong number of bytes`);
+      if (timed >= 0) lat[timed * STEPS + s] = (performance.now() - t0) / 1000;
+    }
+  };
+  pass(-1);
+  const t0 = performance.now();
+  for (let p = 0; p < PASSES; p++) pass(p);
+  const seconds = (performance.now() - t0) / 1000;
+  return { batchesPerS: (STEPS * PASSES) / seconds, lat: lat.sort(), misses: 0 };
+}
+
 async function main(): Promise<void> {
   mkdirSync(OUT, { recursive: true });
   const prefixes = new Map<string, string>();
@@ -252,6 +298,8 @@ async function main(): Promise<void> {
         numpyVersion = np.version;
         push(`${ds.name}/numpy`, np.r);
         push(`${ds.name}/copy`, copyRun(ds, prefix, plan, window));
+        const native = nativeCopyRun(ds, prefix, plan, window);
+        if (native) push(`${ds.name}/copy native`, native);
         const raw = new Float64Array(readFileSync(plan).buffer.slice(0));
         for (const threads of COPY_THREADS) {
           const rate = await parallelCopyRun(`${prefix}.bin`, raw, { steps: STEPS, passes: PASSES, microBatch: MICRO_BATCH, bodyBytes, itemSize: ds.itemSize, threads });
@@ -279,8 +327,9 @@ async function main(): Promise<void> {
   for (const ds of DATASETS) {
     const base = results.get(`${ds.name}/numpy`)!;
     const baseRate = median(base.map((r) => r.batchesPerS));
-    for (const target of ["numpy", "copy", ...COPY_THREADS.map((n) => `copy ${n}`), "deno c=1", "node c=1", `deno c=${CONC}`, `node c=${CONC}`, "deno shm deno", "deno shm node", "node shm deno", "node shm node"]) {
-      const rs = results.get(`${ds.name}/${target}`)!;
+    for (const target of ["numpy", "copy", "copy native", ...COPY_THREADS.map((n) => `copy ${n}`), "deno c=1", "node c=1", `deno c=${CONC}`, `node c=${CONC}`, "deno shm deno", "deno shm node", "node shm deno", "node shm node"]) {
+      const rs = results.get(`${ds.name}/${target}`);
+      if (!rs) continue; // the native copy where the library is not built
       const rates = rs.map((r) => r.batchesPerS);
       const rate = median(rates);
       const mbps = (rate * MICRO_BATCH * (SEQ_LENGTH + 1) * ds.itemSize) / 1e6;
@@ -289,9 +338,11 @@ async function main(): Promise<void> {
         target === "numpy"
           ? "numpy memmap gather (baseline)"
           : target === "copy"
-          ? "one copy alone: the pieces, memory to memory, in process (the limit)"
+          ? "one copy alone (JavaScript `set` per piece): the pieces, memory to memory, in process"
+          : target === "copy native"
+          ? "one copy alone, memcpy through the native gather (native/gather.c), one call per batch"
           : target.startsWith("copy ")
-          ? `one copy on ${target.slice(5)} threads, a dispatcher handing out steps (bench/datasets/parallel-copy.ts)`
+          ? `one copy (JavaScript) on ${target.slice(5)} threads, a dispatcher handing out steps (bench/datasets/parallel-copy.ts)`
           : target.includes("shm") ? `rackfeed ${target.replace(/ shm (\w+)/, " server, shm, $1 client")}` : `rackfeed ${target}`,
         `${fmt(rate, 0)} (${fmt(Math.min(...rates), 0)}–${fmt(Math.max(...rates), 0)})`,
         fmt(mbps, 0),

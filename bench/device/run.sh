@@ -4,6 +4,8 @@
 # (bench/transport/bare.sh) and warm token batches vs numpy, each with its baseline in the same
 # run. Unpacks .devkit/ (bench/device/make-kit.sh) first.
 # Run there from the repo root: bash bench/device/run.sh [gpu] [transport] [bare] [wrk] [warm]  (default: all)
+#   transport-js, warm-js: the same with --native-gather off (batches copied in JavaScript), for an A/B.
+#   Carry native/build too (the device tool's carry), or the servers copy in JavaScript where no cc is there.
 # Figures go to stdout and to $OUT (the device tool's folder), or bench/.out/device.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -24,6 +26,8 @@ for t in wrk h2load; do
   chmod +x "$rt/bin/$t"
 done
 export PATH="$rt/bin:$PATH"
+[ -f native/build/librackfeed.so ] || node scripts/build-native.mjs 2>&1 || true
+echo "native gather: $(ls native/build/librackfeed.so 2>/dev/null || echo 'not built (no cc): servers copy in JavaScript')"
 [ -d /dev/shm ] || { mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm; }
 tls=0; command -v openssl >/dev/null && tls=1
 py=$(command -v python3)
@@ -44,9 +48,11 @@ for p in "${parts[@]}"; do
   case $p in
     gpu) BENCH_PYTHON=$py part gpu "${BENCH_GPU_SECONDS:-150}" node --import tsx bench/gpu/run.ts ;;
     transport) BENCH_TLS=$tls part transport "${BENCH_TRANSPORT_SECONDS:-240}" node --import tsx bench/transport/run.ts ;;
+    transport-js) BENCH_TLS=0 BENCH_ARGS="--native-gather off" part transport-js "${BENCH_TRANSPORT_SECONDS:-240}" node --import tsx bench/transport/run.ts ;;
+    warm-js) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} BENCH_EXTRA_FLAGS="--native-gather off" part warm-js "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
     bare) part bare "${BENCH_BARE_SECONDS:-60}" bash bench/transport/bare.sh ;;
     wrk) part wrk "${BENCH_WRK_SECONDS:-90}" bash bench/datasets/wrk-batches.sh ;;
     warm) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} part warm "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
-    *) echo "unknown part $p (gpu|transport|bare|wrk|warm)" >&2; exit 2 ;;
+    *) echo "unknown part $p (gpu|transport|transport-js|bare|wrk|warm|warm-js)" >&2; exit 2 ;;
   esac
 done
