@@ -54,6 +54,8 @@ import {
   table,
 } from "./common.ts";
 
+// Node servers started here run with libuv's pool as `npm start` sizes it (the native gather's threads).
+process.env.UV_THREADPOOL_SIZE ??= "64";
 const STEPS = Number(process.env.BENCH_STEPS ?? 1500);
 const PASSES = Number(process.env.BENCH_PASSES ?? 2);
 const REPS = Number(process.env.BENCH_REPS ?? 3);

@@ -47,7 +47,7 @@ part() { # name, seconds, command...
 for p in "${parts[@]}"; do
   case $p in
     gpu) BENCH_PYTHON=$py part gpu "${BENCH_GPU_SECONDS:-150}" node --import tsx bench/gpu/run.ts ;;
-    transport) BENCH_TLS=$tls part transport "${BENCH_TRANSPORT_SECONDS:-240}" node --import tsx bench/transport/run.ts ;;
+    transport) BENCH_TLS=${BENCH_TLS:-$tls} part transport "${BENCH_TRANSPORT_SECONDS:-240}" node --import tsx bench/transport/run.ts ;;
     transport-js) BENCH_TLS=0 BENCH_ARGS="--native-gather off" part transport-js "${BENCH_TRANSPORT_SECONDS:-240}" node --import tsx bench/transport/run.ts ;;
     warm-js) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} BENCH_EXTRA_FLAGS="--native-gather off" part warm-js "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
     bare) part bare "${BENCH_BARE_SECONDS:-60}" bash bench/transport/bare.sh ;;

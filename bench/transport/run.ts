@@ -25,6 +25,8 @@ import { runShmClient } from "../shm/run-client.ts";
 import { writeTransportDataset } from "../shm/transport-dataset.ts";
 import { DENO, NODE, NODE_TS, ROOT, startChild } from "../../test/helpers/spawn.ts";
 
+// Node servers started here run with libuv's pool as `npm start` sizes it (the native gather's threads).
+process.env.UV_THREADPOOL_SIZE ??= "64";
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
 const INFLIGHT = 4;
 const PASSES = Number(process.env.BENCH_PASSES ?? 8);

@@ -23,12 +23,12 @@ export interface PieceCopier {
    * and unchanged until it settles (the caller holds them).
    */
   copyOnThread(dst: Uint8Array, pieces: Float64Array, first: number, end: number): Promise<number>;
-  /** Threads a large batch's copy may be spread over (the machine's cores, at most 8). */
+  /** Threads a large batch's copy may be spread over (the machine's cores, at most 8; on Node, at most libuv's pool). */
   readonly threads: number;
 }
 
 /** A large batch is cut into slices of at least this many bytes, each copied on its own thread. */
-export const SLICE_BYTES = 512 * 1024;
+export const SLICE_BYTES = 256 * 1024;
 
 const addresses = new WeakMap<Uint8Array, number>();
 

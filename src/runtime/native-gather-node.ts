@@ -39,6 +39,8 @@ function bind(): PieceCopier {
     copy: (dst, pieces, first, end) => gather(dst, pieces, first, end) as number,
     copyOnThread: (dst, pieces, first, end) =>
       new Promise((resolve, reject) => gather.async(dst, pieces, first, end, (e: unknown, n: number) => (e ? reject(e) : resolve(n)))),
-    threads: Math.min(8, availableParallelism()),
+    // Slices run on libuv's pool (4 threads unless UV_THREADPOOL_SIZE says more; `npm start` and
+    // bin/rackfeed set 64), which fs calls share: more slices than its threads would only queue.
+    threads: Math.min(8, availableParallelism(), Number(process.env.UV_THREADPOOL_SIZE) || 4),
   };
 }
