@@ -1,4 +1,7 @@
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { RackfeedClient } from "../../src/client/mod.ts";
+import { localTransport } from "../../src/client/node.ts";
 import { assembleSamples, planSamples } from "../../src/batch/assemble-batch.ts";
 import { type PieceCopier, SLICE_BYTES } from "../../src/batch/piece-copier.ts";
 import { readSample } from "../../src/dataset/mod.ts";
@@ -77,5 +80,37 @@ describe("native gather", () => {
     const inScript = (await assembleSamples(rf.server.cache, reg, 100, 8, 2 ** 30)).body;
     expect(Buffer.from(slot.subarray(0, inScript.length)).equals(Buffer.from(inScript))).toBe(true);
     expect(slot.subarray(inScript.length).every((b) => b === 0xee)).toBe(true);
+  });
+});
+
+describe("native gather into shared-memory rings", () => {
+  it("fills mapped ring slots with threaded copies byte for byte as the JavaScript copy", async () => {
+    const shmWs = await makeWorkspace();
+    try {
+      await putSyntheticDataset(shmWs, "tok/d", 1000, 20, 400);
+      // 300 windows of 2 KiB: 600 KiB batches, copied in slices on the copier's threads (at least 2 here).
+      const threaded: PieceCopier = { ...copier, threads: Math.max(2, copier.threads) };
+      let onThreads = 0;
+      const counting: PieceCopier = { ...threaded, copyOnThread: (...a) => (onThreads++, threaded.copyOnThread(...a)) };
+      const server = await startServer(shmWs, [...(await datasetFlags(shmWs, "d", REG)), "--block-bytes", "8KiB", "--shm-dir", join(shmWs.dir, "shm")], { copier: counting });
+      try {
+        const reg = await server.server.datasets.get("d");
+        const c = new RackfeedClient({ url: server.url, local: localTransport(), shm: true });
+        let steps = 0;
+        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 300, startStep: 0, endStep: 6 })) {
+          expect(b.transport).toBe("shm");
+          const want = (await assembleSamples(server.server.cache, reg, b.step * 300, 300, 2 ** 30)).body;
+          const got = new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength);
+          expect(Buffer.from(got).equals(Buffer.from(want)), `step ${b.step}`).toBe(true);
+          steps++;
+        }
+        expect(steps).toBe(6);
+        expect(onThreads).toBeGreaterThanOrEqual(2 * 6);
+      } finally {
+        await server.close();
+      }
+    } finally {
+      await shmWs.remove();
+    }
   });
 });
