@@ -183,6 +183,9 @@ export interface AssembleOptions {
   readonly copier?: PieceCopier;
 }
 
+/** The smallest slice when a batch is cut fewer than four ways (see `copyNatively`). */
+const MIN_SLICE_OF_FEW = 2 * 2 ** 20;
+
 /** The copy list of a batch copied on this thread, reused (such a copy never interleaves with another). */
 let copyScratch = new Float64Array(PIECE_NUMBERS * 1024);
 
@@ -305,7 +308,11 @@ function copyInScript(reg: RegisteredDataset, plan: SamplePlan, got: Uint8Array[
 function copyNatively(copier: PieceCopier, reg: RegisteredDataset, plan: SamplePlan, got: Uint8Array[], body: Uint8Array): number | Promise<number> {
   const { segments, segmentCount } = plan;
   const bytes = body.length;
-  const slices = Math.min(copier.threads, Math.floor(bytes / SLICE_BYTES));
+  let slices = Math.min(copier.threads, Math.floor(bytes / SLICE_BYTES));
+  // A hop to the threads and back costs tens of µs: it pays when the copy is cut four ways or
+  // more, or in slices of 2 MiB or more (on 2 cores a 1 MiB batch in two slices ran at 0.6× of
+  // one call on the event loop, an 8 MiB one at 1.3×; bench/RESULTS.md transport "Session 13").
+  if (slices < 4 && bytes / slices < MIN_SLICE_OF_FEW) slices = 1;
   // A threaded copy needs a list of its own: the scratch may be reused by the next batch while the threads run.
   let pieces: Float64Array;
   if (slices >= 2) pieces = new Float64Array(PIECE_NUMBERS * segmentCount);

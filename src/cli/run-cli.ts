@@ -194,7 +194,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   if (shm) host.print(`Shared memory: control socket ${shm.socketPath}, rings in ${config.shmDir} (${host.mapFile ? "mapped" : "pwrite"})`);
   const copier = config.nativeGather === "off" ? undefined : host.copier;
   host.print(copier
-    ? `Batch copies: native gather (memcpy; batches of 512 KiB or more on up to ${copier.threads} threads)`
+    ? `Batch copies: native gather (memcpy; large batches on up to ${copier.threads} threads)`
     : `Batch copies: JavaScript (${config.nativeGather === "off" ? "--native-gather off" : "native/build/librackfeed.so not built or not loadable: node scripts/build-native.mjs; on Deno, --allow-ffi"})`);
   if (demo) {
     const u = listener.url;

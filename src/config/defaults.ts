@@ -344,7 +344,7 @@ export const TUNABLES = {
     env: "RACKFEED_NATIVE_GATHER",
     default: "auto",
     parse: oneOf(["auto", "off"]),
-    doc: "Batch copies: auto = memcpy through native/build/librackfeed.so where it is built and the runtime can load it (on Deno with --allow-ffi; a batch of 512 KiB or more spread over up to 8 threads), else JavaScript; off = always JavaScript",
+    doc: "Batch copies: auto = memcpy through native/build/librackfeed.so where it is built and the runtime can load it (on Deno with --allow-ffi; large batches are cut into slices copied on up to 8 threads), else JavaScript; off = always JavaScript",
   } as Tunable<"auto" | "off">,
   maxIndexBytes: {
     key: "maxIndexBytes",
