@@ -310,8 +310,8 @@ function copyNatively(copier: PieceCopier, reg: RegisteredDataset, plan: SampleP
   const bytes = body.length;
   let slices = Math.min(copier.threads, Math.floor(bytes / SLICE_BYTES));
   // A hop to the threads and back costs tens of µs: it pays when the copy is cut four ways or
-  // more, or in slices of 2 MiB or more (on 2 cores a 1 MiB batch in two slices ran at 0.6× of
-  // one call on the event loop, an 8 MiB one at 1.3×; bench/RESULTS.md transport "Session 13").
+  // more, or in slices of 2 MiB or more (on 2 cores a 1 MiB batch in two slices ran at 0.4–0.6× of
+  // one call on the event loop, an 8 MiB one at 1.3–1.4×; bench/RESULTS.md transport "Session 13").
   if (slices < 4 && bytes / slices < MIN_SLICE_OF_FEW) slices = 1;
   // A threaded copy needs a list of its own: the scratch may be reused by the next batch while the threads run.
   let pieces: Float64Array;
