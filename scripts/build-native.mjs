@@ -3,20 +3,24 @@
 // the runtimes then copy batches in JavaScript, at about half the speed (README, "Native gather").
 // Run by scripts/ensure-deps.mjs before `npm start` and `npm test`; by hand: node scripts/build-native.mjs
 import { execFileSync } from "node:child_process";
-import { existsSync, mkdirSync, renameSync, statSync } from "node:fs";
+import { existsSync, mkdirSync, renameSync, rmSync, statSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 
-const source = new URL("../native/gather.c", import.meta.url).pathname;
-const dir = new URL("../native/build/", import.meta.url).pathname;
+const source = fileURLToPath(new URL("../native/gather.c", import.meta.url));
+const dir = fileURLToPath(new URL("../native/build/", import.meta.url));
 const lib = `${dir}librackfeed.so`;
 
 if (!existsSync(lib) || statSync(lib).mtimeMs < statSync(source).mtimeMs) {
   const cc = process.env.CC ?? "cc";
   mkdirSync(dir, { recursive: true });
+  // Written under a name of its own and renamed: a server loading the library never sees half a
+  // file, and two builds at once (npm install and npm test) do not write into each other's.
+  const tmp = `${lib}.${process.pid}.tmp`;
   try {
-    // Written under another name and renamed: a server loading the library never sees half a file.
-    execFileSync(cc, ["-O2", "-shared", "-fPIC", "-o", `${lib}.tmp`, source], { stdio: ["ignore", "inherit", "inherit"] });
-    renameSync(`${lib}.tmp`, lib);
+    execFileSync(cc, ["-O2", "-shared", "-fPIC", "-o", tmp, source], { stdio: ["ignore", "inherit", "inherit"] });
+    renameSync(tmp, lib);
   } catch (e) {
+    rmSync(tmp, { force: true });
     console.error(`rackfeed: could not build ${lib} with ${cc} (${e.code ?? e.status ?? e.message}); batches will be copied in JavaScript`);
   }
 }

@@ -183,6 +183,13 @@ export interface AssembleOptions {
   readonly copier?: PieceCopier;
 }
 
+/** Slices queued for or running on the copier's threads, all batches together. */
+let slicesInFlight = 0;
+/** Beyond this many slices in flight, batches are copied on the event loop. */
+const MAX_SLICES_IN_FLIGHT = 128;
+/** The largest copy list kept for reuse (numbers; 24 MiB): a larger one is made for its batch alone. */
+const MAX_SCRATCH_NUMBERS = 3 * 2 ** 20;
+
 /** The smallest slice when a batch is cut fewer than four ways (see `copyNatively`). */
 const MIN_SLICE_OF_FEW = 2 * 2 ** 20;
 
@@ -313,11 +320,17 @@ function copyNatively(copier: PieceCopier, reg: RegisteredDataset, plan: SampleP
   // more, or in slices of 2 MiB or more (on 2 cores a 1 MiB batch in two slices ran at 0.4–0.6× of
   // one call on the event loop, an 8 MiB one at 1.3–1.4×; bench/RESULTS.md transport "Session 13").
   if (slices < 4 && bytes / slices < MIN_SLICE_OF_FEW) slices = 1;
-  // A threaded copy needs a list of its own: the scratch may be reused by the next batch while the threads run.
+  // Slices already queued for the threads bound the rest: a burst of large batches (many ranks
+  // asking for one step) is copied on the event loop rather than queued without end (koffi also
+  // refuses more than 256 calls in flight).
+  if (slicesInFlight + slices > MAX_SLICES_IN_FLIGHT) slices = 1;
+  // A threaded copy needs a list of its own: the scratch may be reused by the next batch while the
+  // threads run. So does a list far larger than usual, which the scratch would then keep for good.
+  const numbers = PIECE_NUMBERS * segmentCount;
   let pieces: Float64Array;
-  if (slices >= 2) pieces = new Float64Array(PIECE_NUMBERS * segmentCount);
+  if (slices >= 2 || numbers > MAX_SCRATCH_NUMBERS) pieces = new Float64Array(numbers);
   else {
-    if (copyScratch.length < PIECE_NUMBERS * segmentCount) copyScratch = new Float64Array(PIECE_NUMBERS * segmentCount * 2);
+    if (copyScratch.length < numbers) copyScratch = new Float64Array(Math.min(MAX_SCRATCH_NUMBERS, numbers * 2));
     pieces = copyScratch;
   }
   let dst = 0;
@@ -343,10 +356,22 @@ function copyNatively(copier: PieceCopier, reg: RegisteredDataset, plan: SampleP
     }
   }
   cuts.push(segmentCount);
-  // The blocks (`got`), the list and the body stay referenced by this closure until every slice has settled.
-  return Promise.all(cuts.slice(1).map((end, k) => copier.copyOnThread(body, pieces, cuts[k], end))).then((copied) => {
+  const n = cuts.length - 1;
+  slicesInFlight += n;
+  // The batch settles only once every slice has: its body may be a ring slot that is unmapped, or
+  // a pooled body that is reused, as soon as it does. A slice the runtime refuses to queue is
+  // copied here instead. The closure keeps the blocks (`got`), the list and the body referenced
+  // until then.
+  const copies = cuts.slice(1).map((end, k) => copier.copyOnThread(body, pieces, cuts[k], end).catch(() => copier.copy(body, pieces, cuts[k], end)));
+  return Promise.allSettled(copies).then((settled) => {
+    slicesInFlight -= n;
     void got;
-    return copied.reduce((a, b) => a + b, 0);
+    let copied = 0;
+    for (const r of settled) {
+      if (r.status === "rejected") throw r.reason;
+      copied += r.value;
+    }
+    return copied;
   });
 }
 

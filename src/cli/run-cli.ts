@@ -147,7 +147,8 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       isAlive: host.isAlive,
       lockFile: host.lockFile,
       mapFile: host.mapFile,
-      copier: host.copier,
+      // Not even loaded when turned off (on Deno, loading asks for the FFI permission).
+      copier: config.nativeGather === "off" ? undefined : host.copier,
       peers: host.peers,
       buildOffThread: host.buildOffThread,
       s3HttpAuto: host.s3HttpAuto,

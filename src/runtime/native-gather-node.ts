@@ -6,10 +6,11 @@
 import { existsSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { createRequire } from "node:module";
+import { fileURLToPath } from "node:url";
 import type { PieceCopier } from "../batch/piece-copier.ts";
 
 /** Where scripts/build-native.mjs puts the library. */
-export const NATIVE_LIBRARY = new URL("../../native/build/librackfeed.so", import.meta.url).pathname;
+export const NATIVE_LIBRARY = fileURLToPath(new URL("../../native/build/librackfeed.so", import.meta.url));
 
 let loaded: PieceCopier | null | undefined;
 
@@ -34,6 +35,9 @@ function bind(): PieceCopier {
   const lib = koffi.load(NATIVE_LIBRARY);
   const address = lib.func("double rackfeed_address(const void *p)");
   const gather = lib.func("double rackfeed_gather(uint8_t *dst, const double *pieces, int32_t first, int32_t end)");
+  // Addresses travel as doubles: exact below 2^53. Where pointers carry tags in their top bits
+  // (some ARM kernels) they would not be: copy in JavaScript there.
+  if (!Number.isSafeInteger(address(new Uint8Array(4096)))) throw new Error("addresses do not fit a double");
   return {
     address: (bytes) => address(bytes) as number,
     copy: (dst, pieces, first, end) => gather(dst, pieces, first, end) as number,

@@ -5,6 +5,7 @@ import { localTransport } from "../../src/client/node.ts";
 import { assembleSamples, planSamples } from "../../src/batch/assemble-batch.ts";
 import { type PieceCopier, SLICE_BYTES } from "../../src/batch/piece-copier.ts";
 import { readSample } from "../../src/dataset/mod.ts";
+import { loadNodeMapping } from "../../src/runtime/libc-node.ts";
 import { loadNodePieceCopier, NATIVE_LIBRARY } from "../../src/runtime/native-gather-node.ts";
 import { makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
@@ -71,6 +72,39 @@ describe("native gather", () => {
     }
   });
 
+  it("keeps at most 128 slices in flight: a burst of large batches beyond that is copied on the event loop", async () => {
+    const reg = await rf.server.datasets.get("d");
+    const held: (() => void)[] = [];
+    let inFlight = 0;
+    let most = 0;
+    let onLoop = 0;
+    const holding: PieceCopier = {
+      ...copier,
+      threads: 4,
+      copy: (...a) => (onLoop++, copier.copy(...a)),
+      // Slices finish only when released below, as if the threads were all busy.
+      copyOnThread: (...a) => {
+        most = Math.max(most, ++inFlight);
+        return new Promise((resolve) => held.push(() => (inFlight--, resolve(copier.copy(...a)))));
+      },
+    };
+    // 40 batches of 600 windows (1.2 MiB, four slices each): 160 slices asked for at once.
+    const batches = Array.from({ length: 40 }, (_, i) => assembleSamples(rf.server.cache, reg, i * 50, 600, 2 ** 30, { copier: holding }));
+    await new Promise((r) => setTimeout(r, 50));
+    expect(most).toBe(128);
+    expect(onLoop).toBe(8); // the 8 batches past the bound, one call each
+    for (const release of held.splice(0)) release();
+    const done = await Promise.all(batches);
+    const want = (await assembleSamples(rf.server.cache, reg, 39 * 50, 600, 2 ** 30)).body;
+    expect(Buffer.from(done[39].body).equals(Buffer.from(want))).toBe(true);
+    // Once they have settled, large batches go to the threads again.
+    const again = assembleSamples(rf.server.cache, reg, 0, 600, 2 ** 30, { copier: holding });
+    await new Promise((r) => setTimeout(r, 10));
+    expect(held.length).toBe(4);
+    for (const release of held.splice(0)) release();
+    await again;
+  });
+
   it("assembles into a given buffer (a ring slot) and leaves the bytes past the batch alone", async () => {
     const reg = await rf.server.datasets.get("d");
     const w = reg.dataset.windowLength;
@@ -84,15 +118,25 @@ describe("native gather", () => {
 });
 
 describe("native gather into shared-memory rings", () => {
-  it("fills mapped ring slots with threaded copies byte for byte as the JavaScript copy", async () => {
+  it("fills mapped ring slots with threaded copies byte for byte as the JavaScript copy, a refused slice copied inline", async () => {
     const shmWs = await makeWorkspace();
     try {
       await putSyntheticDataset(shmWs, "tok/d", 1000, 20, 400);
-      // 600 windows of 2 KiB: 1.2 MiB batches, copied in four slices on the copier's threads.
+      // 600 windows of 2 KiB: 1.2 MiB batches, copied in four slices on the copier's threads,
+      // straight into the mapped ring. Every third slice is refused, as koffi refuses calls past
+      // its limit: that slice is copied on the event loop while the others run on threads.
       const threaded: PieceCopier = { ...copier, threads: 4 };
       let onThreads = 0;
-      const counting: PieceCopier = { ...threaded, copyOnThread: (...a) => (onThreads++, threaded.copyOnThread(...a)) };
-      const server = await startServer(shmWs, [...(await datasetFlags(shmWs, "d", REG)), "--block-bytes", "8KiB", "--shm-dir", join(shmWs.dir, "shm")], { copier: counting });
+      let refused = 0;
+      const counting: PieceCopier = {
+        ...threaded,
+        copyOnThread: (...a) => ++onThreads % 3 === 0 ? (refused++, Promise.reject(new Error("Too many asynchronous calls are running"))) : threaded.copyOnThread(...a),
+      };
+      const map = loadNodeMapping()!;
+      const server = await startServer(shmWs, [...(await datasetFlags(shmWs, "d", REG)), "--block-bytes", "8KiB", "--shm-dir", join(shmWs.dir, "shm")], {
+        copier: counting,
+        mapFile: (path, bytes) => map(path, bytes, true),
+      });
       try {
         const reg = await server.server.datasets.get("d");
         const c = new RackfeedClient({ url: server.url, local: localTransport(), shm: true });
@@ -106,6 +150,7 @@ describe("native gather into shared-memory rings", () => {
         }
         expect(steps).toBe(5);
         expect(onThreads).toBe(4 * 5);
+        expect(refused).toBe(6);
       } finally {
         await server.close();
       }

@@ -24,3 +24,51 @@ Deno.test("the native gather loads and copies pieces of views at their offsets, 
   assert.deepEqual(again.subarray(100), big.subarray(60000, 60050));
   assert.ok(again.subarray(0, 100).every((b) => b === 0));
 });
+
+Deno.test("a Deno server copying natively, large batches on threads, serves the bytes of one copying in JavaScript", async () => {
+  const { loadConfig } = await import("../../../src/config/load.ts");
+  const { createServer } = await import("../../../src/server.ts");
+  const { listenDeno, oneChunkStream, whenDoneDeno } = await import("../../../src/runtime/deno.ts");
+  const { syntheticDataset } = await import("../../helpers/token-data.ts");
+  const copier = loadDenoPieceCopier()!;
+  const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-gather-" });
+  const { idx, bin } = syntheticDataset(300, 500, 6000, 4);
+  await Deno.mkdir(`${dir}/origin`);
+  await Deno.writeFile(`${dir}/origin/p.idx`, idx);
+  await Deno.writeFile(`${dir}/origin/p.bin`, bin);
+  await Deno.writeTextFile(`${dir}/p.json`, JSON.stringify({ sources: [{ prefix: "data/p" }], seq_length: 4096, seed: 2, split: "100,0,0", split_index: 0, num_samples: 4000 }));
+  const bodies: Uint8Array[][] = [];
+  let onThreads = 0;
+  // Four threads whatever this machine has: a 300-sample batch (2.4 MiB) is cut in four slices.
+  const threaded = { ...copier, threads: 4, copyOnThread: (...a: Parameters<typeof copier.copyOnThread>) => (onThreads++, copier.copyOnThread(...a)) };
+  try {
+    for (const [name, env] of [["native", { copier: threaded }], ["script", {}]] as const) {
+      const config = loadConfig({
+        args: ["--listen", "127.0.0.1:0", "--origin", `data=${dir}/origin`, "--cache-dir", `${dir}/cache-${name}`, "--block-bytes", "64KiB", "--dataset", `p=${dir}/p.json`, "--shm-dir", "off"],
+        env: {},
+        readTextFile: (p) => Deno.readTextFileSync(p),
+        cwd: dir,
+      });
+      const server = await createServer(config, { now: () => performance.now(), log: () => {}, wrapBody: oneChunkStream, whenDone: whenDoneDeno, ...env });
+      const listener = await listenDeno(server.fetch, config.listen);
+      try {
+        // Concurrent requests, so that slices of several batches are on the threads at once.
+        const path = (step: number, mb: number) => `${listener.url}/v1/datasets/p/batches/${step}?rank=0&world=1&micro_batch=${mb}`;
+        const jobs = [[0, 300], [1, 300], [2, 8], [5, 300], [40, 8], [3, 300]] as const;
+        bodies.push(await Promise.all(jobs.map(async ([step, mb]) => {
+          const res = await fetch(path(step, mb));
+          assert.equal(res.status, 200);
+          return new Uint8Array(await res.arrayBuffer());
+        })));
+      } finally {
+        await listener.close();
+        await server.close();
+      }
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+  assert.equal(onThreads, 4 * 4);
+  const [native, script] = bodies;
+  for (let i = 0; i < native.length; i++) assert.ok(native[i].length > 0 && native[i].length === script[i].length && native[i].every((b, j) => b === script[i][j]), `batch ${i}`);
+});
