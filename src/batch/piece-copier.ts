@@ -2,7 +2,7 @@
  * @module How a batch's pieces are copied out of cached blocks: rackfeed's native gather
  * (`native/gather.c`, memcpy through the runtime's FFI) where the runtime can load it. A
  * JavaScript loop pays a typed-array view and a runtime call per piece: about half of memcpy's
- * speed on token pieces of a few KiB (bench/RESULTS.md, datasets "Session 13").
+ * speed on token pieces of a few KiB (bench/RESULTS.md, transport "Session 13", datasets 1i).
  */
 
 /** Numbers per piece of a copy list: source address, bytes, offset in the destination. */

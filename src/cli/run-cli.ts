@@ -135,6 +135,8 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
     stopping = true;
     resolve();
   }));
+  // Not even loaded when turned off (on Deno, loading asks for the FFI permission).
+  const copier = config.nativeGather === "off" ? undefined : host.copier;
   let server;
   try {
     server = await createServer(config, {
@@ -147,8 +149,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       isAlive: host.isAlive,
       lockFile: host.lockFile,
       mapFile: host.mapFile,
-      // Not even loaded when turned off (on Deno, loading asks for the FFI permission).
-      copier: config.nativeGather === "off" ? undefined : host.copier,
+      copier,
       peers: host.peers,
       buildOffThread: host.buildOffThread,
       s3HttpAuto: host.s3HttpAuto,
@@ -193,7 +194,6 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   }
   host.print(`rackfeed (${host.runtime}) listening on ${listener.url}`);
   if (shm) host.print(`Shared memory: control socket ${shm.socketPath}, rings in ${config.shmDir} (${host.mapFile ? "mapped" : "pwrite"})`);
-  const copier = config.nativeGather === "off" ? undefined : host.copier;
   host.print(copier
     ? `Batch copies: native gather (memcpy; large batches on up to ${copier.threads} threads)`
     : `Batch copies: JavaScript (${config.nativeGather === "off" ? "--native-gather off" : "native/build/librackfeed.so not built or not loadable: node scripts/build-native.mjs; on Deno, --allow-ffi"})`);
