@@ -312,14 +312,22 @@ function copyInScript(reg: RegisteredDataset, plan: SamplePlan, got: Uint8Array[
  * hop costs more than copying 64 KiB), else in slices of at least `SLICE_BYTES` on the copier's
  * threads, while the event loop serves others. Returns the bytes copied.
  */
+/**
+ * How many slices a batch of `bytes` is cut into for the copier's threads; 1: one call on the
+ * event loop. A hop to the threads and back costs tens of µs: it pays when the copy is cut four
+ * ways or more, or in slices of 2 MiB or more (on 2 cores a 1 MiB batch in two slices ran at
+ * 0.4–0.6× of one call on the event loop, an 8 MiB one at 1.3–1.4×; bench/RESULTS.md transport
+ * "Session 13").
+ */
+export function threadSlices(copier: PieceCopier, bytes: number): number {
+  const slices = Math.min(copier.threads, Math.floor(bytes / SLICE_BYTES));
+  return slices < 2 || (slices < 4 && bytes / slices < MIN_SLICE_OF_FEW) ? 1 : slices;
+}
+
 function copyNatively(copier: PieceCopier, reg: RegisteredDataset, plan: SamplePlan, got: Uint8Array[], body: Uint8Array): number | Promise<number> {
   const { segments, segmentCount } = plan;
   const bytes = body.length;
-  let slices = Math.min(copier.threads, Math.floor(bytes / SLICE_BYTES));
-  // A hop to the threads and back costs tens of µs: it pays when the copy is cut four ways or
-  // more, or in slices of 2 MiB or more (on 2 cores a 1 MiB batch in two slices ran at 0.4–0.6× of
-  // one call on the event loop, an 8 MiB one at 1.3–1.4×; bench/RESULTS.md transport "Session 13").
-  if (slices < 4 && bytes / slices < MIN_SLICE_OF_FEW) slices = 1;
+  let slices = threadSlices(copier, bytes);
   // Slices already queued for the threads bound the rest: a burst of large batches (many ranks
   // asking for one step) is copied on the event loop rather than queued without end (koffi also
   // refuses more than 256 calls in flight).

@@ -9,7 +9,7 @@
 import * as fs from "node:fs";
 import * as net from "node:net";
 import { setImmediate, setTimeout as unrefableTimeout } from "node:timers";
-import { assembleSamples, bodyBytes, cacheState } from "../batch/assemble-batch.ts";
+import { type AssembledBatch, assembleSamples, bodyBytes, cacheState, threadSlices } from "../batch/assemble-batch.ts";
 import type { BatchStats } from "../batch/batch-stats.ts";
 import type { PieceCopier } from "../batch/piece-copier.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../batch/dataset-catalog.ts";
@@ -526,39 +526,85 @@ class ShmConnection {
     }
   }
 
-  /** Fills slots in step order, each step in its slot of the round, while the client releases them. */
-  async #fill(reg: RegisteredDataset, consumer: { dataset: string; rank: number; world: number; microBatch: number }, from: number, end: number): Promise<void> {
+  /**
+   * Fills slots in step order, each step in its slot of the round, while the client releases them.
+   * Batches whose copy runs on the copier's threads are filled two at a time: the next step is
+   * planned and its copy started while the threads copy this one. Others, one at a time.
+   */
+  async #fill(reg: RegisteredDataset, consumer: Consumer, from: number, end: number): Promise<void> {
     const ring = this.#ring!;
     const slots = ring.layout.slots;
-    let sliceStart = this.#o.now();
-    for (let step = from; step < end; step++) {
-      const { slot, generation } = slotOfStep(step, from, slots);
-      if (this.#held.has(slot)) {
-        this.#flush(); // the client must hear of every batch before we sleep on its releases
-        while (this.#held.has(slot) && !this.#closed) await new Promise<void>((r) => (this.#wake = r));
-        sliceStart = this.#o.now();
-      } else if (this.#o.now() - sliceStart > FILL_SLICE_MS) {
-        await new Promise<void>((r) => setImmediate(r));
-        sliceStart = this.#o.now();
+    const copier = this.#o.copier;
+    const depth = copier && slots > 1 && threadSlices(copier, bodyBytes(reg, consumer.microBatch)) > 1 ? 2 : 1;
+    const inFlight: Filling[] = [];
+    try {
+      let sliceStart = this.#o.now();
+      for (let step = from; step < end; step++) {
+        const { slot, generation } = slotOfStep(step, from, slots);
+        if (this.#held.has(slot)) {
+          // The client may be waiting for a batch still being copied: publish those first.
+          while (inFlight.length > 0) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
+          this.#flush(); // the client must hear of every batch before we sleep on its releases
+          while (this.#held.has(slot) && !this.#closed) await new Promise<void>((r) => (this.#wake = r));
+          sliceStart = this.#o.now();
+        } else if (this.#o.now() - sliceStart > FILL_SLICE_MS) {
+          await new Promise<void>((r) => setImmediate(r));
+          sliceStart = this.#o.now();
+        }
+        if (this.#closed) return;
+        const first = stepSamples(step, consumer.rank, consumer.world, consumer.microBatch);
+        const t0 = this.#o.now();
+        const batch = assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, { now: this.#o.now, into: ring.target(slot), copier });
+        // Awaited in order below; a later step failing first must not count as an unhandled rejection.
+        batch.catch(() => {});
+        inFlight.push({ step, slot, generation, first, t0, batch });
+        while (inFlight.length >= depth) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
       }
-      if (this.#closed) return;
-      const first = stepSamples(step, consumer.rank, consumer.world, consumer.microBatch);
-      const t0 = this.#o.now();
-      const batch = await assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, { now: this.#o.now, into: ring.target(slot), copier: this.#o.copier });
-      if (this.#closed) return;
-      const cache = cacheState(batch);
-      ring.publish(slot, batch.body, { generation, length: batch.body.length, step, firstSample: first, cache });
-      this.#held.set(slot, generation);
-      this.#published++;
-      const seconds = (this.#o.now() - t0) / 1000;
-      this.#notify({ t: "batch", slot, generation, step, length: batch.body.length, firstSample: first, cache });
-      this.#o.served.add("shm", batch.body.length);
-      this.#o.onBatch(seconds, cache);
-      this.#o.stats.record(reg.name, () => `shm rank ${consumer.rank}/${consumer.world} × ${consumer.microBatch} step ${step}`, batch, seconds);
-      this.#o.readAhead.observe(reg, consumer, step);
+      while (inFlight.length > 0) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
+      this.#send({ t: "end", step: end });
+    } finally {
+      // Copies still running write into the ring: `end()` unmaps it only once this has returned.
+      await Promise.allSettled(inFlight.map((f) => f.batch));
     }
-    this.#send({ t: "end", step: end });
   }
+
+  /** Publishes the oldest batch in flight once it is assembled; false when the connection has closed meanwhile. */
+  async #publishOldest(inFlight: Filling[], reg: RegisteredDataset, consumer: Consumer): Promise<boolean> {
+    const { step, slot, generation, first, t0 } = inFlight[0];
+    const batch = await inFlight[0].batch;
+    inFlight.shift();
+    if (this.#closed) return false;
+    const ring = this.#ring!;
+    const cache = cacheState(batch);
+    ring.publish(slot, batch.body, { generation, length: batch.body.length, step, firstSample: first, cache });
+    this.#held.set(slot, generation);
+    this.#published++;
+    const seconds = (this.#o.now() - t0) / 1000;
+    this.#notify({ t: "batch", slot, generation, step, length: batch.body.length, firstSample: first, cache });
+    this.#o.served.add("shm", batch.body.length);
+    this.#o.onBatch(seconds, cache);
+    this.#o.stats.record(reg.name, () => `shm rank ${consumer.rank}/${consumer.world} × ${consumer.microBatch} step ${step}`, batch, seconds);
+    this.#o.readAhead.observe(reg, consumer, step);
+    return true;
+  }
+}
+
+/** One consumer of a connection: which rank's batches of which dataset. */
+interface Consumer {
+  readonly dataset: string;
+  readonly rank: number;
+  readonly world: number;
+  readonly microBatch: number;
+}
+
+/** A step whose batch is being assembled into its slot, not yet published. */
+interface Filling {
+  readonly step: number;
+  readonly slot: number;
+  readonly generation: number;
+  readonly first: number;
+  readonly t0: number;
+  readonly batch: Promise<AssembledBatch>;
 }
 
 /** A peer's credentials, or undefined when they cannot be read (then the read token decides). */

@@ -7,7 +7,7 @@ import { type PieceCopier, SLICE_BYTES } from "../../src/batch/piece-copier.ts";
 import { readSample } from "../../src/dataset/mod.ts";
 import { loadNodeMapping } from "../../src/runtime/libc-node.ts";
 import { loadNodePieceCopier, NATIVE_LIBRARY } from "../../src/runtime/native-gather-node.ts";
-import { makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { makeWorkspace, patternBytes, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 // Windows of 1024 uint16 tokens (2 KiB): 1100 samples make a 2.2 MiB batch, copied in slices on threads.
@@ -128,9 +128,18 @@ describe("native gather into shared-memory rings", () => {
       const threaded: PieceCopier = { ...copier, threads: 4 };
       let onThreads = 0;
       let refused = 0;
+      let inFlight = 0;
+      let most = 0;
       const counting: PieceCopier = {
         ...threaded,
-        copyOnThread: (...a) => ++onThreads % 3 === 0 ? (refused++, Promise.reject(new Error("Too many asynchronous calls are running"))) : threaded.copyOnThread(...a),
+        copyOnThread: (...a) => {
+          if (++onThreads % 3 === 0) {
+            refused++;
+            return Promise.reject(new Error("Too many asynchronous calls are running"));
+          }
+          most = Math.max(most, ++inFlight);
+          return threaded.copyOnThread(...a).finally(() => inFlight--);
+        },
       };
       const map = loadNodeMapping()!;
       const server = await startServer(shmWs, [...(await datasetFlags(shmWs, "d", REG)), "--block-bytes", "8KiB", "--shm-dir", join(shmWs.dir, "shm")], {
@@ -151,6 +160,52 @@ describe("native gather into shared-memory rings", () => {
         expect(steps).toBe(5);
         expect(onThreads).toBe(4 * 5);
         expect(refused).toBe(6);
+        // Two steps filled at once: the next step's slices went out while this one's were copied.
+        expect(most).toBeGreaterThan(4);
+      } finally {
+        await server.close();
+      }
+    } finally {
+      await shmWs.remove();
+    }
+  });
+
+  it("keeps a ring mapped until the copies in flight have finished when its client leaves mid-stream", async () => {
+    const shmWs = await makeWorkspace();
+    try {
+      await putSyntheticDataset(shmWs, "tok/d", 1000, 20, 400);
+      // Slices that land late, each 15 ms after the one before: the next step's land after this
+      // one's. A ring unmapped under them would crash this process (SIGSEGV).
+      let calls = 0;
+      let late = 0;
+      const slow: PieceCopier = {
+        ...copier,
+        threads: 4,
+        copyOnThread: (dst, pieces, first, end) =>
+          new Promise((resolve) => setTimeout(() => (late++, resolve(copier.copy(dst, pieces, first, end))), 20 + 15 * calls++)),
+      };
+      const map = loadNodeMapping()!;
+      const server = await startServer(shmWs, [...(await datasetFlags(shmWs, "d", REG)), "--block-bytes", "8KiB", "--shm-dir", join(shmWs.dir, "shm")], {
+        copier: slow,
+        mapFile: (path, bytes) => map(path, bytes, true),
+      });
+      try {
+        const reg = await server.server.datasets.get("d");
+        const c = new RackfeedClient({ url: server.url, local: localTransport(), shm: true });
+        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 600, startStep: 0, endStep: 5 })) {
+          expect(b.transport).toBe("shm");
+          break; // leaves while the next steps are being copied
+        }
+        await waitFor(() => late === calls, "the slices in flight to land");
+        expect(late).toBeGreaterThan(8); // slices of two steps after the first landed after it left
+        // The server goes on: another consumer reads the same steps, byte for byte.
+        let steps = 0;
+        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 600, startStep: 1, endStep: 4 })) {
+          const want = (await assembleSamples(server.server.cache, reg, b.step * 600, 600, 2 ** 30)).body;
+          expect(Buffer.from(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength)).equals(Buffer.from(want))).toBe(true);
+          steps++;
+        }
+        expect(steps).toBe(3);
       } finally {
         await server.close();
       }
