@@ -308,11 +308,6 @@ function copyInScript(reg: RegisteredDataset, plan: SamplePlan, got: Uint8Array[
 }
 
 /**
- * Copies a plan's segments with the native gather: on this thread for a small batch (a thread
- * hop costs more than copying 64 KiB), else in slices of at least `SLICE_BYTES` on the copier's
- * threads, while the event loop serves others. Returns the bytes copied.
- */
-/**
  * How many slices a batch of `bytes` is cut into for the copier's threads; 1: one call on the
  * event loop. A hop to the threads and back costs tens of µs: it pays when the copy is cut four
  * ways or more, or in slices of 2 MiB or more (on 2 cores a 1 MiB batch in two slices ran at
@@ -324,6 +319,16 @@ export function threadSlices(copier: PieceCopier, bytes: number): number {
   return slices < 2 || (slices < 4 && bytes / slices < MIN_SLICE_OF_FEW) ? 1 : slices;
 }
 
+/** Whether a batch of `count` samples of a dataset is copied on the copier's threads (not on the event loop, not in JavaScript). */
+export function copiedOnThreads(copier: PieceCopier | undefined, reg: RegisteredDataset, count: number): boolean {
+  return copier !== undefined && servedAsStored(reg) && threadSlices(copier, bodyBytes(reg, count)) > 1;
+}
+
+/**
+ * Copies a plan's segments with the native gather: on this thread for a small batch (a thread
+ * hop costs more than copying 64 KiB), else in slices of at least `SLICE_BYTES` on the copier's
+ * threads, while the event loop serves others. Returns the bytes copied.
+ */
 function copyNatively(copier: PieceCopier, reg: RegisteredDataset, plan: SamplePlan, got: Uint8Array[], body: Uint8Array): number | Promise<number> {
   const { segments, segmentCount } = plan;
   const bytes = body.length;
@@ -370,7 +375,15 @@ function copyNatively(copier: PieceCopier, reg: RegisteredDataset, plan: SampleP
   // a pooled body that is reused, as soon as it does. A slice the runtime refuses to queue is
   // copied here instead. The closure keeps the blocks (`got`), the list and the body referenced
   // until then.
-  const copies = cuts.slice(1).map((end, k) => copier.copyOnThread(body, pieces, cuts[k], end).catch(() => copier.copy(body, pieces, cuts[k], end)));
+  const copies = cuts.slice(1).map((end, k) => {
+    let onThread: Promise<number>;
+    try {
+      onThread = copier.copyOnThread(body, pieces, cuts[k], end);
+    } catch (e) {
+      onThread = Promise.reject(e); // a binding that throws instead of rejecting: the same fallback
+    }
+    return onThread.catch(() => copier.copy(body, pieces, cuts[k], end));
+  });
   return Promise.allSettled(copies).then((settled) => {
     slicesInFlight -= n;
     void got;

@@ -96,6 +96,14 @@ export class RingFile {
     if (map) this.#mapView = new DataView(map.bytes.buffer, map.bytes.byteOffset, map.bytes.byteLength);
   }
 
+  /**
+   * Whether batches are assembled in their slots (a mapped ring). Else every slot's batch goes
+   * through one scratch buffer, written out by `publish`: one slot at a time.
+   */
+  get inPlace(): boolean {
+    return this.#map !== undefined;
+  }
+
   /** Where slot `i`'s batch is assembled: the mapped slot itself, or the scratch buffer later copied in. */
   target(slot: number): Uint8Array {
     if (this.#map) {

@@ -9,7 +9,7 @@
 import * as fs from "node:fs";
 import * as net from "node:net";
 import { setImmediate, setTimeout as unrefableTimeout } from "node:timers";
-import { type AssembledBatch, assembleSamples, bodyBytes, cacheState, threadSlices } from "../batch/assemble-batch.ts";
+import { type AssembledBatch, assembleSamples, bodyBytes, cacheState, copiedOnThreads } from "../batch/assemble-batch.ts";
 import type { BatchStats } from "../batch/batch-stats.ts";
 import type { PieceCopier } from "../batch/piece-copier.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../batch/dataset-catalog.ts";
@@ -245,6 +245,8 @@ class ShmConnection {
   /** The last notices of this consumer, by step, so that a `wait` for a published step is answered. */
   readonly #notices = new Map<number, ServerMessage>();
   #pump: Promise<void> | undefined;
+  /** When the last batch was published (clock ms): a batch filled alongside another is timed from here. */
+  #lastPublish = -Infinity;
   /** Whether the peer has asked for its consumer (`open`), however that ended. */
   #opened = false;
   /** Stops a ring's allocation in progress (`end()`), so no half-written ring outlives the connection. */
@@ -535,11 +537,16 @@ class ShmConnection {
     const ring = this.#ring!;
     const slots = ring.layout.slots;
     const copier = this.#o.copier;
-    const depth = copier && slots > 1 && threadSlices(copier, bodyBytes(reg, consumer.microBatch)) > 1 ? 2 : 1;
+    // Two at a time only into a mapped ring (an unmapped one assembles every slot in one scratch
+    // buffer) and only where the copy leaves the event loop (else there is nothing to overlap).
+    const depth = ring.inPlace && slots > 1 && copiedOnThreads(copier, reg, consumer.microBatch) ? 2 : 1;
     const inFlight: Filling[] = [];
+    let failed = false;
     try {
       let sliceStart = this.#o.now();
       for (let step = from; step < end; step++) {
+        // A step in flight failed: start no more, and let `#publishOldest` raise its error.
+        while (failed && inFlight.length > 0) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
         const { slot, generation } = slotOfStep(step, from, slots);
         if (this.#held.has(slot)) {
           // The client may be waiting for a batch still being copied: publish those first.
@@ -556,12 +563,16 @@ class ShmConnection {
         const t0 = this.#o.now();
         const batch = assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, { now: this.#o.now, into: ring.target(slot), copier });
         // Awaited in order below; a later step failing first must not count as an unhandled rejection.
-        batch.catch(() => {});
+        batch.catch(() => (failed = true));
         inFlight.push({ step, slot, generation, first, t0, batch });
         while (inFlight.length >= depth) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
       }
       while (inFlight.length > 0) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
       this.#send({ t: "end", step: end });
+    } catch (e) {
+      // Reported at once, not after the other step's fetch: this closes the connection and
+      // unlinks the ring, whose mapping goes only once this returns (see `end()`).
+      this.#failWith(e);
     } finally {
       // Copies still running write into the ring: `end()` unmaps it only once this has returned.
       await Promise.allSettled(inFlight.map((f) => f.batch));
@@ -574,12 +585,16 @@ class ShmConnection {
     const batch = await inFlight[0].batch;
     inFlight.shift();
     if (this.#closed) return false;
+    // This batch's own time: from its start, or from the previous publish if it started before
+    // (two in flight share the threads, so its wait behind the other is not its cost).
+    const started = Math.max(t0, this.#lastPublish);
+    this.#lastPublish = this.#o.now();
     const ring = this.#ring!;
     const cache = cacheState(batch);
     ring.publish(slot, batch.body, { generation, length: batch.body.length, step, firstSample: first, cache });
     this.#held.set(slot, generation);
     this.#published++;
-    const seconds = (this.#o.now() - t0) / 1000;
+    const seconds = (this.#lastPublish - started) / 1000;
     this.#notify({ t: "batch", slot, generation, step, length: batch.body.length, firstSample: first, cache });
     this.#o.served.add("shm", batch.body.length);
     this.#o.onBatch(seconds, cache);

@@ -1,8 +1,12 @@
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient } from "../../src/client/mod.ts";
-import { localTransport } from "../../src/client/node.ts";
-import { assembleSamples, planSamples } from "../../src/batch/assemble-batch.ts";
+import { connectUnix, localTransport } from "../../src/client/node.ts";
+import type { Config } from "../../src/config/load.ts";
+import { FsOrigin } from "../../src/origin/fs-origin.ts";
+import type { Origin } from "../../src/origin/origin.ts";
+import { encodeFrame, FrameDecoder, SHM_PROTOCOL_VERSION } from "../../src/shm/protocol.ts";
+import { assembleSamples, blockIndex, planSamples } from "../../src/batch/assemble-batch.ts";
 import { type PieceCopier, SLICE_BYTES } from "../../src/batch/piece-copier.ts";
 import { readSample } from "../../src/dataset/mod.ts";
 import { loadNodeMapping } from "../../src/runtime/libc-node.ts";
@@ -210,6 +214,117 @@ describe("native gather into shared-memory rings", () => {
         await server.close();
       }
     } finally {
+      await shmWs.remove();
+    }
+  });
+
+  it("fills an unmapped ring (pwrite) one step at a time: its slots share one scratch buffer", async () => {
+    const shmWs = await makeWorkspace();
+    try {
+      await putSyntheticDataset(shmWs, "tok/d", 1000, 20, 400);
+      let inFlight = 0;
+      let most = 0;
+      const counting: PieceCopier = {
+        ...copier,
+        threads: 4,
+        copyOnThread: (...a) => {
+          most = Math.max(most, ++inFlight);
+          return copier.copyOnThread(...a).finally(() => inFlight--);
+        },
+      };
+      // No mapFile: the ring is written with pwrite.
+      const server = await startServer(shmWs, [...(await datasetFlags(shmWs, "d", REG)), "--block-bytes", "8KiB", "--shm-dir", join(shmWs.dir, "shm")], { copier: counting });
+      try {
+        const reg = await server.server.datasets.get("d");
+        const c = new RackfeedClient({ url: server.url, local: localTransport(), shm: true });
+        let steps = 0;
+        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 600, startStep: 0, endStep: 5 })) {
+          expect(b.transport).toBe("shm");
+          const want = (await assembleSamples(server.server.cache, reg, b.step * 600, 600, 2 ** 30)).body;
+          expect(Buffer.from(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength)).equals(Buffer.from(want)), `step ${b.step}`).toBe(true);
+          steps++;
+        }
+        expect(steps).toBe(5);
+        expect(most).toBe(4); // one step's slices at a time
+      } finally {
+        await server.close();
+      }
+    } finally {
+      await shmWs.remove();
+    }
+  });
+
+  it("reports a step that failed at once, while the step filled alongside it still waits on its origin", async () => {
+    const shmWs = await makeWorkspace();
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    try {
+      // Large enough (~40 MB) that steps 0 and 1 have blocks of their own.
+      await putSyntheticDataset(shmWs, "tok/d", 100_000, 20, 400);
+      // Reads of step 0's own blocks fail; reads of step 1's own blocks wait for the gate.
+      let failing = new Set<number>();
+      let stalling = new Set<number>();
+      let stalled = 0;
+      const bb = 8192;
+      const makeOrigin = (spec: Config["origins"][number]): Origin => {
+        const fs = new FsOrigin({ name: spec.name, root: (spec as { root: string }).root });
+        return new Proxy(fs, {
+          get(target, prop, receiver) {
+            const v = Reflect.get(target, prop, receiver);
+            if (prop !== "read" || typeof v !== "function") return typeof v === "function" ? v.bind(target) : v;
+            return async (key: string, info: unknown, offset: number, dest: Uint8Array, signal?: AbortSignal) => {
+              if (key.endsWith(".bin")) {
+                const blocks = Array.from({ length: Math.ceil(dest.length / bb) }, (_, i) => Math.floor(offset / bb) + i);
+                if (blocks.some((b) => failing.has(b))) throw new Error("injected: step 0's block is unreadable");
+                if (blocks.some((b) => stalling.has(b))) {
+                  stalled++;
+                  await gate;
+                }
+              }
+              return (v as (...x: unknown[]) => Promise<void>).call(target, key, info, offset, dest, signal);
+            };
+          },
+        });
+      };
+      const map = loadNodeMapping()!;
+      const shmDir = join(shmWs.dir, "shm");
+      const server = await startServer(shmWs, [...(await datasetFlags(shmWs, "d", REG)), "--block-bytes", "8KiB", "--shm-dir", shmDir, "--read-ahead-seconds", "0"], {
+        copier: { ...copier, threads: 4 },
+        mapFile: (path, bytes) => map(path, bytes, true),
+        makeOrigin,
+      });
+      try {
+        const reg = await server.server.datasets.get("d");
+        const step0 = new Set(planSamples(reg, 0, 600, bb).blocks.map(blockIndex));
+        const step1 = new Set(planSamples(reg, 600, 600, bb).blocks.map(blockIndex));
+        failing = new Set([...step0].filter((b) => !step1.has(b)));
+        stalling = new Set([...step1].filter((b) => !step0.has(b)));
+        expect(failing.size).toBeGreaterThan(0);
+        expect(stalling.size).toBeGreaterThan(0);
+        const s = await connectUnix(join(shmDir, `rackfeed-${new URL(server.url).port}.sock`));
+        try {
+          s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+          s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 600, startStep: 0, endStep: 5 }));
+          const dec = new FrameDecoder();
+          const got: Record<string, unknown>[] = [];
+          while (!got.some((m) => m.t === "error")) {
+            const chunk = await s.read();
+            if (chunk === null) break;
+            got.push(...dec.push(chunk));
+          }
+          expect(got.map((m) => m.t)).toEqual(["welcome", "ring", "error"]);
+          // Step 1, filled alongside, waits on the origin, and its gate is still shut: the error
+          // did not wait for it (before, it came only once the other step was done).
+          await waitFor(() => stalled > 0, "step 1's read to wait on the origin");
+        } finally {
+          s.close();
+        }
+      } finally {
+        release();
+        await server.close();
+      }
+    } finally {
+      release();
       await shmWs.remove();
     }
   });
