@@ -108,36 +108,54 @@ function numpyRun(ds: BenchDataset, prefix: string, plan: string, window: number
 }
 
 /**
- * The physical limit of the one-copy design on this machine: the batches' pieces (the same plan
- * numpy gathers) copied, one `TypedArray.set` each, from the `.bin` held in this process's memory
+ * The copy of the one-copy design alone, in JavaScript: the batches' pieces (the same plan numpy
+ * gathers) copied, one `TypedArray.set` each, from the `.bin` held in this process's memory
  * (anonymous pages, as rackfeed's memory tier holds blocks) into a ring of 64 batch-sized slots
  * (as the shm server writes). No planning, no bookkeeping, no transport: what is left is the memory
  * system's cost of the copy every transport must make.
  */
 function copyRun(ds: BenchDataset, prefix: string, plan: string, window: number): Result {
-  const bin = readFileSync(`${prefix}.bin`);
-  const raw = new Float64Array(readFileSync(plan).buffer.slice(0));
+  return timeCopies(ds, prefix, plan, window, ({ bin, raw, ring, bodyBytes }) => (s, k) => {
+    let at = (s % 64) * bodyBytes;
+    for (let j = 0; j < MICRO_BATCH; j++) {
+      const n = raw[k++];
+      for (let p = 0; p < n; p++) {
+        const from = raw[k++], len = raw[k++] * ds.itemSize;
+        ring.set(bin.subarray(from, from + len), at);
+        at += len;
+      }
+    }
+    if (at !== (s % 64) * bodyBytes + bodyBytes) throw new Error(`copy alone: step ${s} gathered ${at - (s % 64) * bodyBytes} bytes, expected ${bodyBytes}`);
+    return k;
+  });
+}
+
+/** What a copy-alone run copies: the `.bin` in this process's memory, the plan's numbers, a ring of 64 batch-sized slots. */
+interface CopyInput {
+  readonly bin: Buffer;
+  readonly raw: Float64Array;
+  readonly ring: Uint8Array;
+  readonly bodyBytes: number;
+}
+
+/**
+ * Times a copy-alone run: the step copier `makeStep` returns copies step `s`, whose samples'
+ * pieces start at `raw[k]`, into its slot and returns the index after them. One untimed pass
+ * (pages of the copy in memory, code optimised), then PASSES timed ones.
+ */
+function timeCopies(ds: BenchDataset, prefix: string, plan: string, window: number, makeStep: (input: CopyInput) => (s: number, k: number) => number): Result {
   const bodyBytes = MICRO_BATCH * window * ds.itemSize;
-  const ring = new Uint8Array(64 * bodyBytes);
+  const input = { bin: readFileSync(`${prefix}.bin`), raw: new Float64Array(readFileSync(plan).buffer.slice(0)), ring: new Uint8Array(64 * bodyBytes), bodyBytes };
+  const copyStep = makeStep(input);
   const lat = new Float64Array(STEPS * PASSES);
   const pass = (timed: number) => {
-    let k = 0;
-    for (let s = 0; s < STEPS; s++) {
+    for (let s = 0, k = 0; s < STEPS; s++) {
       const t0 = performance.now();
-      let at = (s % 64) * bodyBytes;
-      for (let j = 0; j < MICRO_BATCH; j++) {
-        const n = raw[k++];
-        for (let p = 0; p < n; p++) {
-          const from = raw[k++], len = raw[k++] * ds.itemSize;
-          ring.set(bin.subarray(from, from + len), at);
-          at += len;
-        }
-      }
-      if (at !== (s % 64) * bodyBytes + bodyBytes) throw new Error(`copy alone: step ${s} gathered ${at - (s % 64) * bodyBytes} bytes, expected ${bodyBytes}`);
+      k = copyStep(s, k);
       if (timed >= 0) lat[timed * STEPS + s] = (performance.now() - t0) / 1000;
     }
   };
-  pass(-1); // untimed: pages of the copy in memory, code optimised
+  pass(-1);
   const t0 = performance.now();
   for (let p = 0; p < PASSES; p++) pass(p);
   const seconds = (performance.now() - t0) / 1000;
@@ -240,17 +258,10 @@ function median(xs: number[]): number {
 function nativeCopyRun(ds: BenchDataset, prefix: string, plan: string, window: number): Result | undefined {
   const copier = loadNodePieceCopier();
   if (!copier) return undefined;
-  const bin = readFileSync(`${prefix}.bin`);
-  const base = copier.address(bin);
-  const raw = new Float64Array(readFileSync(plan).buffer.slice(0));
-  const bodyBytes = MICRO_BATCH * window * ds.itemSize;
-  const ring = new Uint8Array(64 * bodyBytes);
   const pieces = new Float64Array(3 * 4096);
-  const lat = new Float64Array(STEPS * PASSES);
-  const pass = (timed: number) => {
-    let k = 0;
-    for (let s = 0; s < STEPS; s++) {
-      const t0 = performance.now();
+  return timeCopies(ds, prefix, plan, window, ({ bin, raw, ring, bodyBytes }) => {
+    const base = copier.address(bin);
+    return (s, k) => {
       let n = 0;
       let at = 0;
       for (let j = 0; j < MICRO_BATCH; j++) {
@@ -266,14 +277,9 @@ function nativeCopyRun(ds: BenchDataset, prefix: string, plan: string, window: n
       }
       const slot = ring.subarray((s % 64) * bodyBytes, (s % 64 + 1) * bodyBytes);
       if (at !== bodyBytes || copier.copy(slot, pieces, 0, n) !== bodyBytes) throw new Error(`native copy alone: step ${s} gathered a wrong number of bytes`);
-      if (timed >= 0) lat[timed * STEPS + s] = (performance.now() - t0) / 1000;
-    }
-  };
-  pass(-1);
-  const t0 = performance.now();
-  for (let p = 0; p < PASSES; p++) pass(p);
-  const seconds = (performance.now() - t0) / 1000;
-  return { batchesPerS: (STEPS * PASSES) / seconds, lat: lat.sort(), misses: 0 };
+      return k;
+    };
+  });
 }
 
 async function main(): Promise<void> {

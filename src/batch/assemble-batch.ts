@@ -193,6 +193,9 @@ const MAX_SCRATCH_NUMBERS = 3 * 2 ** 20;
 /** The smallest slice when a batch is cut fewer than four ways (see `copyNatively`). */
 const MIN_SLICE_OF_FEW = 2 * 2 ** 20;
 
+/** The addresses of a batch's blocks, by position in its plan; read only while its copy list is made. */
+let addressScratch = new Float64Array(64);
+
 /** The copy list of a batch copied on this thread, reused (such a copy never interleaves with another). */
 let copyScratch = new Float64Array(PIECE_NUMBERS * 1024);
 
@@ -346,13 +349,16 @@ function copyNatively(copier: PieceCopier, reg: RegisteredDataset, plan: SampleP
     if (copyScratch.length < numbers) copyScratch = new Float64Array(Math.min(MAX_SCRATCH_NUMBERS, numbers * 2));
     pieces = copyScratch;
   }
+  // One address per block, not per segment: a batch has many segments in each of its blocks.
+  if (addressScratch.length < got.length) addressScratch = new Float64Array(got.length * 2);
+  for (let pos = 0; pos < got.length; pos++) addressScratch[pos] = blockAddress(copier, got[pos]);
   let dst = 0;
   for (let i = 0, p = 0; i < segmentCount * SEGMENT_STRIDE; i += SEGMENT_STRIDE, p += PIECE_NUMBERS) {
-    const block = got[segments[i + 1]];
+    const pos = segments[i + 1];
     const start = segments[i + 2];
     const end = segments[i + 3];
-    checkBlock(reg, block, end);
-    pieces[p] = blockAddress(copier, block) + start;
+    checkBlock(reg, got[pos], end);
+    pieces[p] = addressScratch[pos] + start;
     pieces[p + 1] = end - start;
     pieces[p + 2] = dst;
     dst += end - start;

@@ -13,7 +13,7 @@ import { type AssembledBatch, assembleSamples, bodyBytes, cacheState, copiedOnTh
 import type { BatchStats } from "../batch/batch-stats.ts";
 import type { PieceCopier } from "../batch/piece-copier.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../batch/dataset-catalog.ts";
-import { type ReadAhead, stepSamples } from "../batch/read-ahead.ts";
+import { type ConsumerKey, type ReadAhead, stepSamples } from "../batch/read-ahead.ts";
 import type { BlockCache } from "../cache/block-cache.ts";
 import { isCacheServerError } from "../errors.ts";
 import { STATUS_OF } from "../http/error-handler.ts";
@@ -533,7 +533,7 @@ class ShmConnection {
    * Batches whose copy runs on the copier's threads are filled two at a time: the next step is
    * planned and its copy started while the threads copy this one. Others, one at a time.
    */
-  async #fill(reg: RegisteredDataset, consumer: Consumer, from: number, end: number): Promise<void> {
+  async #fill(reg: RegisteredDataset, consumer: ConsumerKey, from: number, end: number): Promise<void> {
     const ring = this.#ring!;
     const slots = ring.layout.slots;
     const copier = this.#o.copier;
@@ -580,7 +580,7 @@ class ShmConnection {
   }
 
   /** Publishes the oldest batch in flight once it is assembled; false when the connection has closed meanwhile. */
-  async #publishOldest(inFlight: Filling[], reg: RegisteredDataset, consumer: Consumer): Promise<boolean> {
+  async #publishOldest(inFlight: Filling[], reg: RegisteredDataset, consumer: ConsumerKey): Promise<boolean> {
     const { step, slot, generation, first, t0 } = inFlight[0];
     const batch = await inFlight[0].batch;
     inFlight.shift();
@@ -602,14 +602,6 @@ class ShmConnection {
     this.#o.readAhead.observe(reg, consumer, step);
     return true;
   }
-}
-
-/** One consumer of a connection: which rank's batches of which dataset. */
-interface Consumer {
-  readonly dataset: string;
-  readonly rank: number;
-  readonly world: number;
-  readonly microBatch: number;
 }
 
 /** A step whose batch is being assembled into its slot, not yet published. */

@@ -5,6 +5,8 @@ import { connectUnix, localTransport } from "../../src/client/node.ts";
 import type { Config } from "../../src/config/load.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import type { Origin } from "../../src/origin/origin.ts";
+import type { RegisteredDataset } from "../../src/batch/dataset-catalog.ts";
+import type { ServerEnv } from "../../src/server.ts";
 import { encodeFrame, FrameDecoder, SHM_PROTOCOL_VERSION } from "../../src/shm/protocol.ts";
 import { assembleSamples, blockIndex, planSamples } from "../../src/batch/assemble-batch.ts";
 import { type PieceCopier, SLICE_BYTES } from "../../src/batch/piece-copier.ts";
@@ -121,211 +123,181 @@ describe("native gather", () => {
   });
 });
 
+/**
+ * Runs `fn` against a server with a shared-memory path over its own synthetic dataset (8 KiB
+ * blocks), its ring mapped (as `serve` maps it) unless `mapped` is false; removes it all after.
+ */
+async function withShmServer(
+  o: { documents?: number; mapped?: boolean; args?: string[]; env: Partial<ServerEnv> },
+  fn: (server: RunningServer, reg: RegisteredDataset, shmDir: string) => Promise<void>,
+): Promise<void> {
+  const shmWs = await makeWorkspace();
+  try {
+    await putSyntheticDataset(shmWs, "tok/d", o.documents ?? 1000, 20, 400);
+    const map = loadNodeMapping()!;
+    const shmDir = join(shmWs.dir, "shm");
+    const server = await startServer(shmWs, [...(await datasetFlags(shmWs, "d", REG)), "--block-bytes", "8KiB", "--shm-dir", shmDir, ...(o.args ?? [])], {
+      ...(o.mapped === false ? {} : { mapFile: (path: string, bytes: number) => map(path, bytes, true) }),
+      ...o.env,
+    });
+    try {
+      await fn(server, await server.server.datasets.get("d"), shmDir);
+    } finally {
+      await server.close();
+    }
+  } finally {
+    await shmWs.remove();
+  }
+}
+
+/** Reads steps `[startStep, endStep)` of 600 samples over shm, each byte for byte as the JavaScript copy; returns how many came. */
+async function readStepsOverShm(server: RunningServer, reg: RegisteredDataset, startStep: number, endStep: number): Promise<number> {
+  const c = new RackfeedClient({ url: server.url, local: localTransport(), shm: true });
+  let steps = 0;
+  for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 600, startStep, endStep })) {
+    expect(b.transport).toBe("shm");
+    const want = (await assembleSamples(server.server.cache, reg, b.step * 600, 600, 2 ** 30)).body;
+    const got = new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength);
+    expect(Buffer.from(got).equals(Buffer.from(want)), `step ${b.step}`).toBe(true);
+    steps++;
+  }
+  return steps;
+}
+
 describe("native gather into shared-memory rings", () => {
   it("fills mapped ring slots with threaded copies byte for byte as the JavaScript copy, a refused slice copied inline", async () => {
-    const shmWs = await makeWorkspace();
-    try {
-      await putSyntheticDataset(shmWs, "tok/d", 1000, 20, 400);
-      // 600 windows of 2 KiB: 1.2 MiB batches, copied in four slices on the copier's threads,
-      // straight into the mapped ring. Every third slice is refused, as koffi refuses calls past
-      // its limit: that slice is copied on the event loop while the others run on threads.
-      const threaded: PieceCopier = { ...copier, threads: 4 };
-      let onThreads = 0;
-      let refused = 0;
-      let inFlight = 0;
-      let most = 0;
-      const counting: PieceCopier = {
-        ...threaded,
-        copyOnThread: (...a) => {
-          if (++onThreads % 3 === 0) {
-            refused++;
-            return Promise.reject(new Error("Too many asynchronous calls are running"));
-          }
-          most = Math.max(most, ++inFlight);
-          return threaded.copyOnThread(...a).finally(() => inFlight--);
-        },
-      };
-      const map = loadNodeMapping()!;
-      const server = await startServer(shmWs, [...(await datasetFlags(shmWs, "d", REG)), "--block-bytes", "8KiB", "--shm-dir", join(shmWs.dir, "shm")], {
-        copier: counting,
-        mapFile: (path, bytes) => map(path, bytes, true),
-      });
-      try {
-        const reg = await server.server.datasets.get("d");
-        const c = new RackfeedClient({ url: server.url, local: localTransport(), shm: true });
-        let steps = 0;
-        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 600, startStep: 0, endStep: 5 })) {
-          expect(b.transport).toBe("shm");
-          const want = (await assembleSamples(server.server.cache, reg, b.step * 600, 600, 2 ** 30)).body;
-          const got = new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength);
-          expect(Buffer.from(got).equals(Buffer.from(want)), `step ${b.step}`).toBe(true);
-          steps++;
+    // 600 windows of 2 KiB: 1.2 MiB batches, copied in four slices on the copier's threads,
+    // straight into the mapped ring. Every third slice is refused, as koffi refuses calls past
+    // its limit: that slice is copied on the event loop while the others run on threads.
+    const threaded: PieceCopier = { ...copier, threads: 4 };
+    let onThreads = 0;
+    let refused = 0;
+    let inFlight = 0;
+    let most = 0;
+    const counting: PieceCopier = {
+      ...threaded,
+      copyOnThread: (...a) => {
+        if (++onThreads % 3 === 0) {
+          refused++;
+          return Promise.reject(new Error("Too many asynchronous calls are running"));
         }
-        expect(steps).toBe(5);
-        expect(onThreads).toBe(4 * 5);
-        expect(refused).toBe(6);
-        // Two steps filled at once: the next step's slices went out while this one's were copied.
-        expect(most).toBeGreaterThan(4);
-      } finally {
-        await server.close();
-      }
-    } finally {
-      await shmWs.remove();
-    }
+        most = Math.max(most, ++inFlight);
+        return threaded.copyOnThread(...a).finally(() => inFlight--);
+      },
+    };
+    await withShmServer({ env: { copier: counting } }, async (server, reg) => {
+      expect(await readStepsOverShm(server, reg, 0, 5)).toBe(5);
+      expect(onThreads).toBe(4 * 5);
+      expect(refused).toBe(6);
+      // Two steps filled at once: the next step's slices went out while this one's were copied.
+      expect(most).toBeGreaterThan(4);
+    });
   });
 
   it("keeps a ring mapped until the copies in flight have finished when its client leaves mid-stream", async () => {
-    const shmWs = await makeWorkspace();
-    try {
-      await putSyntheticDataset(shmWs, "tok/d", 1000, 20, 400);
-      // Slices that land late, each 15 ms after the one before: the next step's land after this
-      // one's. A ring unmapped under them would crash this process (SIGSEGV).
-      let calls = 0;
-      let late = 0;
-      const slow: PieceCopier = {
-        ...copier,
-        threads: 4,
-        copyOnThread: (dst, pieces, first, end) =>
-          new Promise((resolve) => setTimeout(() => (late++, resolve(copier.copy(dst, pieces, first, end))), 20 + 15 * calls++)),
-      };
-      const map = loadNodeMapping()!;
-      const server = await startServer(shmWs, [...(await datasetFlags(shmWs, "d", REG)), "--block-bytes", "8KiB", "--shm-dir", join(shmWs.dir, "shm")], {
-        copier: slow,
-        mapFile: (path, bytes) => map(path, bytes, true),
-      });
-      try {
-        const reg = await server.server.datasets.get("d");
-        const c = new RackfeedClient({ url: server.url, local: localTransport(), shm: true });
-        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 600, startStep: 0, endStep: 5 })) {
-          expect(b.transport).toBe("shm");
-          break; // leaves while the next steps are being copied
-        }
-        await waitFor(() => late === calls, "the slices in flight to land");
-        expect(late).toBeGreaterThan(8); // slices of two steps after the first landed after it left
-        // The server goes on: another consumer reads the same steps, byte for byte.
-        let steps = 0;
-        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 600, startStep: 1, endStep: 4 })) {
-          const want = (await assembleSamples(server.server.cache, reg, b.step * 600, 600, 2 ** 30)).body;
-          expect(Buffer.from(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength)).equals(Buffer.from(want))).toBe(true);
-          steps++;
-        }
-        expect(steps).toBe(3);
-      } finally {
-        await server.close();
+    // Slices that land late, each 15 ms after the one before: the next step's land after this
+    // one's. A ring unmapped under them would crash this process (SIGSEGV).
+    let calls = 0;
+    let late = 0;
+    const slow: PieceCopier = {
+      ...copier,
+      threads: 4,
+      copyOnThread: (dst, pieces, first, end) =>
+        new Promise((resolve) => setTimeout(() => (late++, resolve(copier.copy(dst, pieces, first, end))), 20 + 15 * calls++)),
+    };
+    await withShmServer({ env: { copier: slow } }, async (server, reg) => {
+      const c = new RackfeedClient({ url: server.url, local: localTransport(), shm: true });
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 600, startStep: 0, endStep: 5 })) {
+        expect(b.transport).toBe("shm");
+        break; // leaves while the next steps are being copied
       }
-    } finally {
-      await shmWs.remove();
-    }
+      await waitFor(() => late === calls, "the slices in flight to land");
+      expect(late).toBeGreaterThan(8); // slices of two steps after the first landed after it left
+      // The server goes on: another consumer reads the same steps, byte for byte.
+      expect(await readStepsOverShm(server, reg, 1, 4)).toBe(3);
+    });
   });
 
   it("fills an unmapped ring (pwrite) one step at a time: its slots share one scratch buffer", async () => {
-    const shmWs = await makeWorkspace();
-    try {
-      await putSyntheticDataset(shmWs, "tok/d", 1000, 20, 400);
-      let inFlight = 0;
-      let most = 0;
-      const counting: PieceCopier = {
-        ...copier,
-        threads: 4,
-        copyOnThread: (...a) => {
-          most = Math.max(most, ++inFlight);
-          return copier.copyOnThread(...a).finally(() => inFlight--);
-        },
-      };
-      // No mapFile: the ring is written with pwrite.
-      const server = await startServer(shmWs, [...(await datasetFlags(shmWs, "d", REG)), "--block-bytes", "8KiB", "--shm-dir", join(shmWs.dir, "shm")], { copier: counting });
-      try {
-        const reg = await server.server.datasets.get("d");
-        const c = new RackfeedClient({ url: server.url, local: localTransport(), shm: true });
-        let steps = 0;
-        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 600, startStep: 0, endStep: 5 })) {
-          expect(b.transport).toBe("shm");
-          const want = (await assembleSamples(server.server.cache, reg, b.step * 600, 600, 2 ** 30)).body;
-          expect(Buffer.from(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength)).equals(Buffer.from(want)), `step ${b.step}`).toBe(true);
-          steps++;
-        }
-        expect(steps).toBe(5);
-        expect(most).toBe(4); // one step's slices at a time
-      } finally {
-        await server.close();
-      }
-    } finally {
-      await shmWs.remove();
-    }
+    let inFlight = 0;
+    let most = 0;
+    const counting: PieceCopier = {
+      ...copier,
+      threads: 4,
+      copyOnThread: (...a) => {
+        most = Math.max(most, ++inFlight);
+        return copier.copyOnThread(...a).finally(() => inFlight--);
+      },
+    };
+    await withShmServer({ mapped: false, env: { copier: counting } }, async (server, reg) => {
+      expect(await readStepsOverShm(server, reg, 0, 5)).toBe(5);
+      expect(most).toBe(4); // one step's slices at a time
+    });
   });
 
   it("reports a step that failed at once, while the step filled alongside it still waits on its origin", async () => {
-    const shmWs = await makeWorkspace();
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));
+    // Reads of step 0's own blocks fail; reads of step 1's own blocks wait for the gate.
+    let failing = new Set<number>();
+    let stalling = new Set<number>();
+    let stalled = 0;
+    const bb = 8192;
+    const makeOrigin = (spec: Config["origins"][number]): Origin => {
+      const fs = new FsOrigin({ name: spec.name, root: (spec as { root: string }).root });
+      return new Proxy(fs, {
+        get(target, prop, receiver) {
+          const v = Reflect.get(target, prop, receiver);
+          if (prop !== "read" || typeof v !== "function") return typeof v === "function" ? v.bind(target) : v;
+          return async (key: string, info: unknown, offset: number, dest: Uint8Array, signal?: AbortSignal) => {
+            if (key.endsWith(".bin")) {
+              const blocks = Array.from({ length: Math.ceil(dest.length / bb) }, (_, i) => Math.floor(offset / bb) + i);
+              if (blocks.some((b) => failing.has(b))) throw new Error("injected: step 0's block is unreadable");
+              if (blocks.some((b) => stalling.has(b))) {
+                stalled++;
+                await gate;
+              }
+            }
+            return (v as (...x: unknown[]) => Promise<void>).call(target, key, info, offset, dest, signal);
+          };
+        },
+      });
+    };
     try {
       // Large enough (~40 MB) that steps 0 and 1 have blocks of their own.
-      await putSyntheticDataset(shmWs, "tok/d", 100_000, 20, 400);
-      // Reads of step 0's own blocks fail; reads of step 1's own blocks wait for the gate.
-      let failing = new Set<number>();
-      let stalling = new Set<number>();
-      let stalled = 0;
-      const bb = 8192;
-      const makeOrigin = (spec: Config["origins"][number]): Origin => {
-        const fs = new FsOrigin({ name: spec.name, root: (spec as { root: string }).root });
-        return new Proxy(fs, {
-          get(target, prop, receiver) {
-            const v = Reflect.get(target, prop, receiver);
-            if (prop !== "read" || typeof v !== "function") return typeof v === "function" ? v.bind(target) : v;
-            return async (key: string, info: unknown, offset: number, dest: Uint8Array, signal?: AbortSignal) => {
-              if (key.endsWith(".bin")) {
-                const blocks = Array.from({ length: Math.ceil(dest.length / bb) }, (_, i) => Math.floor(offset / bb) + i);
-                if (blocks.some((b) => failing.has(b))) throw new Error("injected: step 0's block is unreadable");
-                if (blocks.some((b) => stalling.has(b))) {
-                  stalled++;
-                  await gate;
-                }
-              }
-              return (v as (...x: unknown[]) => Promise<void>).call(target, key, info, offset, dest, signal);
-            };
-          },
-        });
-      };
-      const map = loadNodeMapping()!;
-      const shmDir = join(shmWs.dir, "shm");
-      const server = await startServer(shmWs, [...(await datasetFlags(shmWs, "d", REG)), "--block-bytes", "8KiB", "--shm-dir", shmDir, "--read-ahead-seconds", "0"], {
-        copier: { ...copier, threads: 4 },
-        mapFile: (path, bytes) => map(path, bytes, true),
-        makeOrigin,
-      });
-      try {
-        const reg = await server.server.datasets.get("d");
-        const step0 = new Set(planSamples(reg, 0, 600, bb).blocks.map(blockIndex));
-        const step1 = new Set(planSamples(reg, 600, 600, bb).blocks.map(blockIndex));
-        failing = new Set([...step0].filter((b) => !step1.has(b)));
-        stalling = new Set([...step1].filter((b) => !step0.has(b)));
-        expect(failing.size).toBeGreaterThan(0);
-        expect(stalling.size).toBeGreaterThan(0);
-        const s = await connectUnix(join(shmDir, `rackfeed-${new URL(server.url).port}.sock`));
+      const o = { documents: 100_000, args: ["--read-ahead-seconds", "0"], env: { copier: { ...copier, threads: 4 }, makeOrigin } };
+      await withShmServer(o, async (server, reg, shmDir) => {
         try {
-          s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
-          s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 600, startStep: 0, endStep: 5 }));
-          const dec = new FrameDecoder();
-          const got: Record<string, unknown>[] = [];
-          while (!got.some((m) => m.t === "error")) {
-            const chunk = await s.read();
-            if (chunk === null) break;
-            got.push(...dec.push(chunk));
+          const step0 = new Set(planSamples(reg, 0, 600, bb).blocks.map(blockIndex));
+          const step1 = new Set(planSamples(reg, 600, 600, bb).blocks.map(blockIndex));
+          failing = new Set([...step0].filter((b) => !step1.has(b)));
+          stalling = new Set([...step1].filter((b) => !step0.has(b)));
+          expect(failing.size).toBeGreaterThan(0);
+          expect(stalling.size).toBeGreaterThan(0);
+          const s = await connectUnix(join(shmDir, `rackfeed-${new URL(server.url).port}.sock`));
+          try {
+            s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+            s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 600, startStep: 0, endStep: 5 }));
+            const dec = new FrameDecoder();
+            const got: Record<string, unknown>[] = [];
+            while (!got.some((m) => m.t === "error")) {
+              const chunk = await s.read();
+              if (chunk === null) break;
+              got.push(...dec.push(chunk));
+            }
+            expect(got.map((m) => m.t)).toEqual(["welcome", "ring", "error"]);
+            // Step 1, filled alongside, waits on the origin, and its gate is still shut: the error
+            // did not wait for it (before, it came only once the other step was done).
+            await waitFor(() => stalled > 0, "step 1's read to wait on the origin");
+          } finally {
+            s.close();
           }
-          expect(got.map((m) => m.t)).toEqual(["welcome", "ring", "error"]);
-          // Step 1, filled alongside, waits on the origin, and its gate is still shut: the error
-          // did not wait for it (before, it came only once the other step was done).
-          await waitFor(() => stalled > 0, "step 1's read to wait on the origin");
         } finally {
-          s.close();
+          release(); // before the server closes: its fill waits on the gate
         }
-      } finally {
-        release();
-        await server.close();
-      }
+      });
     } finally {
       release();
-      await shmWs.remove();
     }
   });
 });
