@@ -60,6 +60,9 @@ const BLOCK_KEY = 2 ** 32;
 let pieceScratch = new Float64Array(PIECE_STRIDE * 64);
 let segmentScratch = new Float64Array(SEGMENT_STRIDE * 4096);
 
+/** Each planned block's position in the plan being made: cleared per plan, not made per plan. */
+const planBlockPos = new Map<number, number>();
+
 /** Bytes of plans kept for reuse, all datasets together. */
 const PLAN_CACHE_BYTES = 32 * 2 ** 20;
 /** Slots of the plan table: 2^PLAN_SLOT_BITS. */
@@ -127,7 +130,8 @@ function computePlan(reg: RegisteredDataset, first: number, count: number, block
   // Plan into scratch arrays reused by every call (planning is synchronous, so no other plan
   // can interleave); they grow by doubling and are never shrunk. Only the used part is copied out.
   const room = PIECE_STRIDE * ds.maxPiecesPerSample;
-  const blockPos = new Map<number, number>();
+  const blockPos = planBlockPos;
+  blockPos.clear();
   const blocks: number[] = [];
   let at = 0; // segments written × SEGMENT_STRIDE
   for (let i = first; i < first + count; i++) {
@@ -333,66 +337,89 @@ export function copiedOnThreads(copier: PieceCopier | undefined, reg: Registered
  * threads, while the event loop serves others. Returns the bytes copied.
  */
 function copyNatively(copier: PieceCopier, reg: RegisteredDataset, plan: SamplePlan, got: Uint8Array[], body: Uint8Array): number | Promise<number> {
-  const { segments, segmentCount } = plan;
   const bytes = body.length;
-  let slices = threadSlices(copier, bytes);
-  // Slices already queued for the threads bound the rest: a burst of large batches (many ranks
-  // asking for one step) is copied on the event loop rather than queued without end (koffi also
-  // refuses more than 256 calls in flight).
-  if (slicesInFlight + slices > MAX_SLICES_IN_FLIGHT) slices = 1;
-  // A threaded copy needs a list of its own: the scratch may be reused by the next batch while the
-  // threads run. So does a list far larger than usual, which the scratch would then keep for good.
-  const numbers = PIECE_NUMBERS * segmentCount;
-  let pieces: Float64Array;
-  if (slices >= 2 || numbers > MAX_SCRATCH_NUMBERS) pieces = new Float64Array(numbers);
-  else {
-    if (copyScratch.length < numbers) copyScratch = new Float64Array(Math.min(MAX_SCRATCH_NUMBERS, numbers * 2));
-    pieces = copyScratch;
-  }
+  const cut = threadSlices(copier, bytes);
+  const slices = cut > 1 ? cut : 0;
+  const pieces = copyList(slices, plan.segmentCount);
+  const dst = listPieces(copier, reg, plan, got, pieces, 0, 0);
+  // Every piece must land inside the body: the native copy checks nothing.
+  if (dst !== bytes) return dst;
+  return runCopy(copier, body, pieces, plan.segmentCount, bytes, slices, got);
+}
+
+/**
+ * A copy list for `count` pieces (`slices` as for `runCopy`): the reused scratch for a copy on this thread, else a list of
+ * its own (the threads read it after the next batch has reused the scratch), as is a list far
+ * larger than usual, which the scratch would then keep for good.
+ */
+function copyList(slices: number, count: number): Float64Array {
+  const numbers = PIECE_NUMBERS * count;
+  if (slices >= 1 || numbers > MAX_SCRATCH_NUMBERS) return new Float64Array(numbers);
+  if (copyScratch.length < numbers) copyScratch = new Float64Array(Math.min(MAX_SCRATCH_NUMBERS, numbers * 2));
+  return copyScratch;
+}
+
+/**
+ * Writes a plan's pieces into a copy list from piece `p` on, landing from `offset` on in the
+ * destination; returns the bytes listed.
+ */
+function listPieces(copier: PieceCopier, reg: RegisteredDataset, plan: SamplePlan, got: Uint8Array[], pieces: Float64Array, p: number, offset: number): number {
+  const { segments, segmentCount } = plan;
   // One address per block, not per segment: a batch has many segments in each of its blocks.
   if (addressScratch.length < got.length) addressScratch = new Float64Array(got.length * 2);
   for (let pos = 0; pos < got.length; pos++) addressScratch[pos] = blockAddress(copier, got[pos]);
   let dst = 0;
-  for (let i = 0, p = 0; i < segmentCount * SEGMENT_STRIDE; i += SEGMENT_STRIDE, p += PIECE_NUMBERS) {
+  for (let i = 0, k = PIECE_NUMBERS * p; i < segmentCount * SEGMENT_STRIDE; i += SEGMENT_STRIDE, k += PIECE_NUMBERS) {
     const pos = segments[i + 1];
     const start = segments[i + 2];
     const end = segments[i + 3];
     checkBlock(reg, got[pos], end);
-    pieces[p] = addressScratch[pos] + start;
-    pieces[p + 1] = end - start;
-    pieces[p + 2] = dst;
+    pieces[k] = addressScratch[pos] + start;
+    pieces[k + 1] = end - start;
+    pieces[k + 2] = offset + dst;
     dst += end - start;
   }
-  // Every piece must land inside the body: the native copy checks nothing.
-  if (dst !== bytes) return dst;
-  if (slices < 2) return copier.copy(body, pieces, 0, segmentCount);
+  return dst;
+}
+
+/**
+ * Copies `count` listed pieces (`bytes` in all) into `dst`: in one call on this thread
+ * (`slices` 0), or cut into `slices` of equal bytes on the copier's threads. `keep` (the source
+ * blocks) stays referenced until every slice has landed.
+ */
+function runCopy(copier: PieceCopier, dst: Uint8Array, pieces: Float64Array, count: number, bytes: number, slices: number, keep: unknown): number | Promise<number> {
+  // Slices already queued for the threads bound the rest: a burst of large batches (many ranks
+  // asking for one step) is copied on the event loop rather than queued without end (koffi also
+  // refuses more than 256 calls in flight).
+  if (slices < 1 || slicesInFlight + slices > MAX_SLICES_IN_FLIGHT) return copier.copy(dst, pieces, 0, count);
   // Cut where the bytes copied so far pass each slice's share, so threads get equal bytes, not equal pieces.
   const cuts = [0];
-  for (let p = 0, k = 1; p < segmentCount && k < slices; p++) {
-    if (pieces[PIECE_NUMBERS * p + 2] >= (k * bytes) / slices) {
+  for (let p = 0, k = 1, sum = 0; p < count && k < slices; p++) {
+    if (sum >= (k * bytes) / slices) {
       cuts.push(p);
       k++;
     }
+    sum += pieces[PIECE_NUMBERS * p + 1];
   }
-  cuts.push(segmentCount);
+  cuts.push(count);
   const n = cuts.length - 1;
   slicesInFlight += n;
-  // The batch settles only once every slice has: its body may be a ring slot that is unmapped, or
-  // a pooled body that is reused, as soon as it does. A slice the runtime refuses to queue is
-  // copied here instead. The closure keeps the blocks (`got`), the list and the body referenced
-  // until then.
+  // The copy settles only once every slice has: its destination may be a ring slot that is
+  // unmapped, or a pooled body that is reused, as soon as it does. A slice the runtime refuses
+  // to queue is copied here instead. The closure keeps the blocks, the list and the destination
+  // referenced until then.
   const copies = cuts.slice(1).map((end, k) => {
     let onThread: Promise<number>;
     try {
-      onThread = copier.copyOnThread(body, pieces, cuts[k], end);
+      onThread = copier.copyOnThread(dst, pieces, cuts[k], end);
     } catch (e) {
       onThread = Promise.reject(e); // a binding that throws instead of rejecting: the same fallback
     }
-    return onThread.catch(() => copier.copy(body, pieces, cuts[k], end));
+    return onThread.catch(() => copier.copy(dst, pieces, cuts[k], end));
   });
   return Promise.allSettled(copies).then((settled) => {
     slicesInFlight -= n;
-    void got;
+    void keep;
     let copied = 0;
     for (const r of settled) {
       if (r.status === "rejected") throw r.reason;
@@ -400,6 +427,112 @@ function copyNatively(copier: PieceCopier, reg: RegisteredDataset, plan: SampleP
     }
     return copied;
   });
+}
+
+/** A run of samples planned with every block in the memory tier: ready to be copied, not copied yet. */
+export interface ResidentRun {
+  readonly first: number;
+  readonly count: number;
+  /** Bytes of its body. */
+  readonly bytes: number;
+  readonly plan: SamplePlan;
+  readonly got: Uint8Array[];
+}
+
+/**
+ * Plans samples `[first, first + count)` and takes their blocks, when every one is in the memory
+ * tier (counted as hits); undefined when one is not, with nothing counted (the batch then goes
+ * through `assembleSamples`, which counts it).
+ *
+ * @throws {CacheServerError} `BAD_REQUEST` when the body would exceed `maxBytes`
+ * @throws {RangeNotSatisfiableError} when a sample does not exist
+ */
+export function takeResident(cache: BlockCache, reg: RegisteredDataset, first: number, count: number, maxBytes: number): ResidentRun | undefined {
+  const bytes = checkedBodyBytes(reg, count, maxBytes);
+  const plan = planSamples(reg, first, count, cache.blockBytes);
+  const got = new Array<Uint8Array>(plan.blocks.length);
+  for (let pos = 0; pos < plan.blocks.length; pos++) {
+    const packed = plan.blocks[pos];
+    const f = reg.files[blockSource(packed)];
+    const block = cache.memoryBlock(f.gw, f.binKey, f.bin, blockIndex(packed), false);
+    if (block === undefined) return undefined;
+    got[pos] = block;
+  }
+  cache.countMemoryHits(got.length);
+  return { first, count, bytes, plan, got };
+}
+
+/**
+ * How many consecutive steps of `count` samples are copied together, into the slots of one
+ * mapped ring, by one call of the copier on one of its threads: about `GROUP_BYTES`, at most
+ * `maxSteps`. A call to the threads costs the event loop several µs (koffi: 7–9 µs here), more
+ * than copying one 64 KiB batch, but little against a group's: the event loop then plans the next
+ * group while a thread copies this one. 1 (each step copied alone) where a step's batch is copied
+ * on the threads by itself already, where the copier has no thread to spare beside the event
+ * loop's, or where the copy is done in JavaScript.
+ */
+export function stepsPerCopy(copier: PieceCopier | undefined, reg: RegisteredDataset, count: number, maxSteps: number): number {
+  if (copier === undefined || copier.threads < MIN_GROUP_THREADS || !servedAsStored(reg)) return 1;
+  const bytes = bodyBytes(reg, count);
+  if (bytes === 0 || threadSlices(copier, bytes) > 1) return 1;
+  const steps = Math.min(maxSteps, Math.ceil(GROUP_BYTES / bytes));
+  return steps >= 2 ? steps : 1;
+}
+
+/** Bytes of batches copied together by `copyResidentRuns` (one thread's slice per this many). */
+const GROUP_BYTES = 2 ** 20;
+/** The fewest copier threads for which steps are copied in groups (see `stepsPerCopy`). */
+const MIN_GROUP_THREADS = 4;
+
+/**
+ * Copies resident runs, each into its own view of one buffer (the slots of a mapped ring), with
+ * one copy list: cut into slices for the copier's threads when the runs together are large
+ * enough. Each run's batch is counted as planned and copied in an equal share of the time.
+ *
+ * @param into one view per run, each of the same buffer and at least its run's bytes long
+ * @throws {RangeError} when a view is of another buffer or too short
+ */
+export async function copyResidentRuns(copier: PieceCopier, reg: RegisteredDataset, runs: readonly ResidentRun[], into: readonly Uint8Array[], now: () => number = () => performance.now()): Promise<AssembledBatch[]> {
+  const t0 = now();
+  const buffer = into[0].buffer;
+  const dst = new Uint8Array(buffer, 0, buffer.byteLength);
+  let count = 0;
+  let bytes = 0;
+  for (let i = 0; i < runs.length; i++) {
+    if (into[i].buffer !== buffer) throw new RangeError("Runs copied together must land in views of one buffer");
+    if (into[i].length < runs[i].bytes) throw new RangeError(`A slot of ${into[i].length} bytes cannot hold a batch of ${runs[i].bytes}`);
+    count += runs[i].plan.segmentCount;
+    bytes += runs[i].bytes;
+  }
+  // A slice per GROUP_BYTES, on the copier's threads; a group of one small batch, on this thread.
+  const slices = runs.length < 2 ? 0 : Math.max(1, Math.min(copier.threads, Math.floor(bytes / GROUP_BYTES)));
+  const pieces = copyList(slices, count);
+  for (let i = 0, p = 0; i < runs.length; i++) {
+    const r = runs[i];
+    // Every piece must land inside its slot: the native copy checks nothing.
+    const listed = listPieces(copier, reg, r.plan, r.got, pieces, p, into[i].byteOffset);
+    if (listed !== r.bytes) {
+      throw new Error(`Batch of dataset "${reg.name}" listed ${listed} bytes, expected ${r.bytes}: the plan and the window disagree`);
+    }
+    p += r.plan.segmentCount;
+  }
+  const copied = await runCopy(copier, dst, pieces, count, bytes, slices, runs);
+  if (copied !== bytes) throw new Error(`Batches of dataset "${reg.name}" copied ${copied} bytes, expected ${bytes}`);
+  const seconds = (now() - t0) / 1000 / runs.length;
+  const ds = reg.dataset;
+  return runs.map((r, i) => ({
+    body: into[i].subarray(0, r.bytes),
+    dtype: ds.dtype,
+    shape: [r.count, ds.windowLength] as const,
+    blocksMissing: 0,
+    blocksFilling: 0,
+    blocksTotal: r.got.length,
+    fromMemory: r.got.length,
+    fromDisk: 0,
+    fromOrigin: 0,
+    fetchSeconds: 0,
+    copySeconds: seconds,
+  }));
 }
 
 const asStored = new WeakMap<RegisteredDataset, boolean>();

@@ -258,11 +258,18 @@ export class BlockCache {
    * Block `index` when it is in the memory tier (counted as a hit, recency updated), else
    * undefined and nothing counted: the caller then asks `blockFrom`. Lets a batch whose blocks
    * are all in memory be assembled without a promise per block.
+   *
+   * @param count false: the hit is not counted (the caller counts its hits once it knows it uses them: `countMemoryHits`)
    */
-  memoryBlock(gw: OriginGateway, key: string, info: ObjectInfo, index: number): Uint8Array | undefined {
+  memoryBlock(gw: OriginGateway, key: string, info: ObjectInfo, index: number, count = true): Uint8Array | undefined {
     const bytes = this.#memory.get(this.keyOf(gw, key, info, index));
-    if (bytes) this.#memoryHits++;
+    if (bytes && count) this.#memoryHits++;
     return bytes;
+  }
+
+  /** Counts `n` memory hits taken with `memoryBlock(…, false)`. */
+  countMemoryHits(n: number): void {
+    this.#memoryHits += n;
   }
 
   /** True when block `index` of this object version is in the memory tier (no recency update). */

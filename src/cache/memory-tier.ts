@@ -2,6 +2,14 @@
 
 import { LRUCache } from "lru-cache";
 
+/**
+ * Options passed to every `get`/`has`: lru-cache otherwise makes an options object per call (its
+ * parameter default), a few dozen per served batch. It writes `status` into them (undefined unless
+ * a diagnostics channel listens), so one object each is safe to share.
+ */
+const GET_OPTIONS: LRUCache.GetOptions<string, Uint8Array, unknown> = {};
+const HAS_OPTIONS: LRUCache.HasOptions<string, Uint8Array, unknown> = {};
+
 /** Counters of the memory tier. */
 export interface MemoryTierStats {
   readonly bytes: number;
@@ -53,12 +61,12 @@ export class MemoryTier {
 
   /** The block, marking it most recently used. */
   get(key: string): Uint8Array | undefined {
-    return this.#lru.get(key);
+    return this.#lru.get(key, GET_OPTIONS);
   }
 
   /** True when held, without touching recency. */
   has(key: string): boolean {
-    return this.#lru.has(key);
+    return this.#lru.has(key, HAS_OPTIONS);
   }
 
   /** Stores a block; one larger than the whole budget is not stored. */

@@ -9,7 +9,17 @@
 import * as fs from "node:fs";
 import * as net from "node:net";
 import { setImmediate, setTimeout as unrefableTimeout } from "node:timers";
-import { type AssembledBatch, assembleSamples, bodyBytes, cacheState, copiedOnThreads } from "../batch/assemble-batch.ts";
+import {
+  type AssembledBatch,
+  assembleSamples,
+  bodyBytes,
+  cacheState,
+  copiedOnThreads,
+  copyResidentRuns,
+  type ResidentRun,
+  stepsPerCopy,
+  takeResident,
+} from "../batch/assemble-batch.ts";
 import type { BatchStats } from "../batch/batch-stats.ts";
 import type { PieceCopier } from "../batch/piece-copier.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../batch/dataset-catalog.ts";
@@ -57,6 +67,8 @@ const NOTICE_DELAY_MS = 1;
  * are not starved by a burst of slots.
  */
 const FILL_SLICE_MS = 2;
+/** The most steps whose batches are copied together (see `stepsPerCopy`). */
+const MAX_STEPS_PER_COPY = 32;
 
 /** The Unix credentials of a local peer (SO_PEERCRED). */
 export interface PeerCredentials {
@@ -530,21 +542,27 @@ class ShmConnection {
 
   /**
    * Fills slots in step order, each step in its slot of the round, while the client releases them.
-   * Batches whose copy runs on the copier's threads are filled two at a time: the next step is
-   * planned and its copy started while the threads copy this one. Others, one at a time.
+   * A copy on the copier's threads overlaps the planning of the next one: batches copied on the
+   * threads by themselves are filled two at a time; small batches whose blocks are all in memory
+   * are copied several steps at once (`stepsPerCopy`), one such group on the threads while the
+   * next is planned. Others, one at a time.
    */
   async #fill(reg: RegisteredDataset, consumer: ConsumerKey, from: number, end: number): Promise<void> {
     const ring = this.#ring!;
     const slots = ring.layout.slots;
     const copier = this.#o.copier;
-    // Two at a time only into a mapped ring (an unmapped one assembles every slot in one scratch
-    // buffer) and only where the copy leaves the event loop (else there is nothing to overlap).
-    const depth = ring.inPlace && slots > 1 && copiedOnThreads(copier, reg, consumer.microBatch) ? 2 : 1;
+    // Only into a mapped ring (an unmapped one assembles every slot in one scratch buffer) and
+    // only where the copy leaves the event loop (else there is nothing to overlap).
+    const overlap = ring.inPlace && slots > 1;
+    const depth = overlap && copiedOnThreads(copier, reg, consumer.microBatch) ? 2 : 1;
+    // Half the ring at most: a group is planned while the one before it is still being copied.
+    const group = overlap && depth === 1 ? stepsPerCopy(copier, reg, consumer.microBatch, Math.min(MAX_STEPS_PER_COPY, slots >> 1)) : 1;
     const inFlight: Filling[] = [];
     let failed = false;
+    let unit = 0; // a step filled alone, or a group copied together
     try {
       let sliceStart = this.#o.now();
-      for (let step = from; step < end; step++) {
+      for (let step = from; step < end;) {
         // A step in flight failed: start no more, and let `#publishOldest` raise its error.
         while (failed && inFlight.length > 0) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
         const { slot, generation } = slotOfStep(step, from, slots);
@@ -553,18 +571,39 @@ class ShmConnection {
           while (inFlight.length > 0) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
           this.#flush(); // the client must hear of every batch before we sleep on its releases
           while (this.#held.has(slot) && !this.#closed) await new Promise<void>((r) => (this.#wake = r));
+          // Releases come a group at a time, in one chunk: the first wakes this loop. Let the rest
+          // be handled too, so that the steps after this one can be copied with it.
+          if (group > 1) await this.#queue;
           sliceStart = this.#o.now();
         } else if (this.#o.now() - sliceStart > FILL_SLICE_MS) {
           await new Promise<void>((r) => setImmediate(r));
           sliceStart = this.#o.now();
         }
         if (this.#closed) return;
-        const first = stepSamples(step, consumer.rank, consumer.world, consumer.microBatch);
+        unit++;
         const t0 = this.#o.now();
+        const runs = group > 1 ? this.#residentRuns(reg, consumer, step, Math.min(group, end - step, slots - inFlight.length), from) : [];
+        if (runs.length > 0) {
+          const into = runs.map((_, i) => ring.target(slotOfStep(step + i, from, slots).slot));
+          const copied = copyResidentRuns(copier!, reg, runs, into, this.#o.now);
+          copied.catch(() => (failed = true));
+          for (let i = 0; i < runs.length; i++) {
+            const at = slotOfStep(step + i, from, slots);
+            const batch = copied.then((b) => b[i]);
+            batch.catch(() => {}); // raised when awaited, in order (`copied` sets `failed`)
+            inFlight.push({ step: step + i, slot: at.slot, generation: at.generation, first: runs[i].first, t0, unit, batch });
+          }
+          step += runs.length;
+          // Publish the group before this one (its copy has had this group's planning to land).
+          while (inFlight.length > 0 && inFlight[0].unit < unit) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
+          continue;
+        }
+        const first = stepSamples(step, consumer.rank, consumer.world, consumer.microBatch);
         const batch = assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, { now: this.#o.now, into: ring.target(slot), copier });
         // Awaited in order below; a later step failing first must not count as an unhandled rejection.
         batch.catch(() => (failed = true));
-        inFlight.push({ step, slot, generation, first, t0, batch });
+        inFlight.push({ step, slot, generation, first, t0, unit, batch });
+        step++;
         while (inFlight.length >= depth) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
       }
       while (inFlight.length > 0) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
@@ -577,6 +616,28 @@ class ShmConnection {
       // Copies still running write into the ring: `end()` unmaps it only once this has returned.
       await Promise.allSettled(inFlight.map((f) => f.batch));
     }
+  }
+
+  /**
+   * Steps `[step, step + most)` that can be copied together: consecutive, their slots free, their
+   * blocks all in memory. Stops at the first that is not (it is filled alone, as is a step whose
+   * planning fails: its error is raised in order); empty when `step` itself is not.
+   */
+  #residentRuns(reg: RegisteredDataset, consumer: ConsumerKey, step: number, most: number, from: number): ResidentRun[] {
+    const runs: ResidentRun[] = [];
+    const slots = this.#ring!.layout.slots;
+    for (let s = step; s < step + most; s++) {
+      if (s > step && this.#held.has(slotOfStep(s, from, slots).slot)) break;
+      let run: ResidentRun | undefined;
+      try {
+        run = takeResident(this.#o.cache, reg, stepSamples(s, consumer.rank, consumer.world, consumer.microBatch), consumer.microBatch, this.#o.maxBatchBytes);
+      } catch {
+        break;
+      }
+      if (run === undefined) break;
+      runs.push(run);
+    }
+    return runs;
   }
 
   /** Publishes the oldest batch in flight once it is assembled; false when the connection has closed meanwhile. */
@@ -611,6 +672,8 @@ interface Filling {
   readonly generation: number;
   readonly first: number;
   readonly t0: number;
+  /** The step's fill: its own, or its group's (steps copied together share one). */
+  readonly unit: number;
   readonly batch: Promise<AssembledBatch>;
 }
 

@@ -8,7 +8,7 @@ import type { Origin } from "../../src/origin/origin.ts";
 import type { RegisteredDataset } from "../../src/batch/dataset-catalog.ts";
 import type { ServerEnv } from "../../src/server.ts";
 import { encodeFrame, FrameDecoder, SHM_PROTOCOL_VERSION } from "../../src/shm/protocol.ts";
-import { assembleSamples, blockIndex, planSamples } from "../../src/batch/assemble-batch.ts";
+import { assembleSamples, blockIndex, copyResidentRuns, planSamples, stepsPerCopy, takeResident } from "../../src/batch/assemble-batch.ts";
 import { type PieceCopier, SLICE_BYTES } from "../../src/batch/piece-copier.ts";
 import { readSample } from "../../src/dataset/mod.ts";
 import { loadNodeMapping } from "../../src/runtime/libc-node.ts";
@@ -150,16 +150,20 @@ async function withShmServer(
   }
 }
 
-/** Reads steps `[startStep, endStep)` of 600 samples over shm, each byte for byte as the JavaScript copy; returns how many came. */
-async function readStepsOverShm(server: RunningServer, reg: RegisteredDataset, startStep: number, endStep: number): Promise<number> {
+/** Reads steps `[startStep, endStep)` of `microBatch` samples over shm, each byte for byte as the JavaScript copy; returns how many came. */
+async function readStepsOverShm(server: RunningServer, reg: RegisteredDataset, startStep: number, endStep: number, microBatch = 600): Promise<number> {
   const c = new RackfeedClient({ url: server.url, local: localTransport(), shm: true });
   let steps = 0;
-  for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 600, startStep, endStep })) {
-    expect(b.transport).toBe("shm");
-    const want = (await assembleSamples(server.server.cache, reg, b.step * 600, 600, 2 ** 30)).body;
-    const got = new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength);
-    expect(Buffer.from(got).equals(Buffer.from(want)), `step ${b.step}`).toBe(true);
-    steps++;
+  try {
+    for await (const b of c.batches("d", { rank: 0, world: 1, microBatch, startStep, endStep })) {
+      expect(b.transport).toBe("shm");
+      const want = (await assembleSamples(server.server.cache, reg, b.step * microBatch, microBatch, 2 ** 30)).body;
+      const got = new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength);
+      expect(Buffer.from(got).equals(Buffer.from(want)), `step ${b.step}`).toBe(true);
+      steps++;
+    }
+  } finally {
+    await c.close(); // its report in flight, else the server's close waits for it
   }
   return steps;
 }
@@ -299,5 +303,149 @@ describe("native gather into shared-memory rings", () => {
     } finally {
       release();
     }
+  });
+});
+
+describe("small batches copied a group of steps at a time", () => {
+  // Windows of 1024 uint16 tokens, 8 to a batch: 16 KiB batches, 64 to a ring, 32 copied together.
+  const MB = 8;
+
+  it("takes a run's blocks only when all are in memory, counting the hits only then", async () => {
+    await withShmServer({ env: {} }, async (server, reg) => {
+      const cache = server.server.cache;
+      const hits = () => cache.stats().memoryHits;
+      const start = hits();
+      expect(takeResident(cache, reg, 0, MB, 2 ** 30)).toBeUndefined(); // no block of the .bin read yet
+      expect(hits()).toBe(start);
+      await assembleSamples(cache, reg, 0, MB, 2 ** 30); // fills the blocks
+      const before = hits();
+      const run = takeResident(cache, reg, 0, MB, 2 ** 30)!;
+      expect(run.got.length).toBe(planSamples(reg, 0, MB, cache.blockBytes).blocks.length);
+      expect(hits() - before).toBe(run.got.length);
+      expect(() => takeResident(cache, reg, 0, MB, 1000)).toThrow(/exceeds --max-batch-bytes/);
+    });
+  });
+
+  it("copies runs into views of one buffer, each byte for byte as the JavaScript copy, the bytes between them left alone", async () => {
+    const reg = await rf.server.datasets.get("d");
+    const cache = rf.server.cache;
+    const bytes = MB * reg.dataset.windowLength * 2;
+    const runs = [];
+    for (const first of [0, 80, 16]) {
+      await assembleSamples(cache, reg, first, MB, 2 ** 30);
+      runs.push(takeResident(cache, reg, first, MB, 2 ** 30)!);
+    }
+    const buffer = new Uint8Array(4 * bytes + 300).fill(0xee);
+    const into = [buffer.subarray(100, 100 + bytes), buffer.subarray(3 * bytes + 300), buffer.subarray(bytes + 200, 2 * bytes + 200)];
+    let onThreads = 0;
+    const counting: PieceCopier = { ...copier, threads: 4, copyOnThread: (...a) => (onThreads++, copier.copyOnThread(...a)) };
+    const batches = await copyResidentRuns(counting, reg, runs, into);
+    expect(onThreads).toBe(1); // three runs, one call on a thread
+    for (let i = 0; i < runs.length; i++) {
+      const want = (await assembleSamples(cache, reg, runs[i].first, MB, 2 ** 30)).body;
+      expect(batches[i].body.buffer).toBe(buffer.buffer);
+      expect(Buffer.from(batches[i].body).equals(Buffer.from(want)), `run ${i}`).toBe(true);
+      expect(batches[i].fromMemory).toBe(runs[i].got.length);
+    }
+    for (const [from, to] of [[0, 100], [100 + bytes, bytes + 200], [2 * bytes + 200, 3 * bytes + 300]]) {
+      expect(buffer.subarray(from, to).every((b) => b === 0xee), `bytes ${from}-${to}`).toBe(true);
+    }
+    await expect(copyResidentRuns(counting, reg, runs, [into[0], new Uint8Array(bytes), into[2]])).rejects.toThrow(/views of one buffer/);
+    await expect(copyResidentRuns(counting, reg, runs, [into[0], buffer.subarray(0, 10), into[2]])).rejects.toThrow(/cannot hold a batch/);
+  });
+
+  it("groups steps only where a copy thread is to spare beside the event loop and a batch is not cut for the threads by itself", async () => {
+    const reg = await rf.server.datasets.get("d");
+    expect(stepsPerCopy({ ...copier, threads: 4 }, reg, MB, 32)).toBe(32); // 16 KiB batches: 1 MiB is 64, at most 32
+    expect(stepsPerCopy({ ...copier, threads: 4 }, reg, MB, 8)).toBe(8);
+    expect(stepsPerCopy({ ...copier, threads: 2 }, reg, MB, 32)).toBe(1); // 2 cores: the event loop, the client and a copy thread would share them
+    expect(stepsPerCopy({ ...copier, threads: 4 }, reg, 600, 32)).toBe(1); // 1.2 MiB: cut in four by itself
+    expect(stepsPerCopy(undefined, reg, MB, 32)).toBe(1);
+  });
+
+  it("fills a mapped ring a group of steps per copy on a thread, byte for byte as the JavaScript copy; steps with blocks to fetch alone", async () => {
+    let onThreads = 0;
+    let onLoop = 0;
+    const counting: PieceCopier = {
+      ...copier,
+      threads: 4,
+      copy: (...a) => (onLoop++, copier.copy(...a)),
+      copyOnThread: (...a) => (onThreads++, copier.copyOnThread(...a)),
+    };
+    await withShmServer({ env: { copier: counting } }, async (server, reg) => {
+      const steps = Math.floor(reg.dataset.numSamples / MB);
+      // A cold cache: the first steps fetch blocks and are filled one at a time; once the blocks
+      // are in memory, 32 steps go in one call.
+      expect(await readStepsOverShm(server, reg, 0, steps, MB)).toBe(steps);
+      expect(onThreads).toBeGreaterThan(0);
+      expect(onThreads + onLoop).toBeLessThan(steps / 4);
+      // A second consumer, every block in memory: whole groups (the ring's releases come 16 at a
+      // time, so a group is 16 to 32 steps), and resumed at a step that is not a group's first.
+      onThreads = 0;
+      onLoop = 0;
+      expect(await readStepsOverShm(server, reg, 5, steps, MB)).toBe(steps - 5);
+      expect(onLoop).toBeLessThanOrEqual(1);
+      expect(onThreads).toBeLessThanOrEqual(Math.ceil((steps - 5) / 16));
+    });
+  });
+
+  it("keeps a ring mapped until a group's copy has landed when its client leaves mid-stream", async () => {
+    let calls = 0;
+    let late = 0;
+    const slow: PieceCopier = {
+      ...copier,
+      threads: 4,
+      copyOnThread: (dst, pieces, first, end) =>
+        new Promise((resolve) => setTimeout(() => (late++, resolve(copier.copy(dst, pieces, first, end))), 20 + 15 * calls++)),
+    };
+    await withShmServer({ env: { copier: slow } }, async (server, reg) => {
+      const steps = Math.floor(reg.dataset.numSamples / MB);
+      expect(await readStepsOverShm(server, reg, 0, steps, MB)).toBe(steps); // every block in memory
+      calls = 0;
+      late = 0;
+      const c = new RackfeedClient({ url: server.url, local: localTransport(), shm: true });
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: MB, startStep: 0, endStep: steps })) {
+        expect(b.transport).toBe("shm");
+        break; // leaves while the next group is being copied
+      }
+      await waitFor(() => late === calls, "the groups in flight to land");
+      expect(late).toBeGreaterThanOrEqual(2); // the next group landed after it left
+      expect(await readStepsOverShm(server, reg, 1, 40, MB)).toBe(39);
+    });
+  });
+
+  it("fails the consumer with an error frame when a group's copy fails, and fills the next consumer", async () => {
+    let broken = true;
+    const failing: PieceCopier = {
+      ...copier,
+      threads: 4,
+      copy: (...a) => {
+        if (broken) throw new Error("injected: the copy failed");
+        return copier.copy(...a);
+      },
+      copyOnThread: (...a) => (broken ? Promise.reject(new Error("injected: no thread")) : copier.copyOnThread(...a)),
+    };
+    await withShmServer({ env: { copier: failing } }, async (server, reg, shmDir) => {
+      const steps = Math.floor(reg.dataset.numSamples / MB);
+      for (let s = 0; s < steps; s++) await assembleSamples(server.server.cache, reg, s * MB, MB, 2 ** 30); // every block in memory
+      const s = await connectUnix(join(shmDir, `rackfeed-${new URL(server.url).port}.sock`));
+      try {
+        s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+        s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: MB, startStep: 0, endStep: steps }));
+        const dec = new FrameDecoder();
+        const got: Record<string, unknown>[] = [];
+        while (!got.some((m) => m.t === "error")) {
+          const chunk = await s.read();
+          if (chunk === null) break;
+          got.push(...dec.push(chunk));
+        }
+        expect(got.map((m) => m.t)).toEqual(["welcome", "ring", "error"]);
+        expect(got[2]).toMatchObject({ code: "INTERNAL", status: 500 });
+      } finally {
+        s.close();
+      }
+      broken = false;
+      expect(await readStepsOverShm(server, reg, 0, 70, MB)).toBe(70);
+    });
   });
 });

@@ -72,3 +72,44 @@ Deno.test("a Deno server copying natively, large batches on threads, serves the 
   const [native, script] = bodies;
   for (let i = 0; i < native.length; i++) assert.ok(native[i].length > 0 && native[i].length === script[i].length && native[i].every((b, j) => b === script[i][j]), `batch ${i}`);
 });
+
+Deno.test("a group of small batches is copied by one nonblocking call into views of one buffer, as in JavaScript", async () => {
+  const { loadConfig } = await import("../../../src/config/load.ts");
+  const { createServer } = await import("../../../src/server.ts");
+  const { assembleSamples, copyResidentRuns, takeResident } = await import("../../../src/batch/assemble-batch.ts");
+  const { oneChunkStream, whenDoneDeno } = await import("../../../src/runtime/deno.ts");
+  const { syntheticDataset } = await import("../../helpers/token-data.ts");
+  const copier = loadDenoPieceCopier()!;
+  const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-group-" });
+  const { idx, bin } = syntheticDataset(300, 500, 6000, 4);
+  await Deno.mkdir(`${dir}/origin`);
+  await Deno.writeFile(`${dir}/origin/p.idx`, idx);
+  await Deno.writeFile(`${dir}/origin/p.bin`, bin);
+  await Deno.writeTextFile(`${dir}/p.json`, JSON.stringify({ sources: [{ prefix: "data/p" }], seq_length: 4096, seed: 2, split: "100,0,0", split_index: 0, num_samples: 4000 }));
+  const config = loadConfig({
+    args: ["--listen", "127.0.0.1:0", "--origin", `data=${dir}/origin`, "--cache-dir", `${dir}/cache`, "--block-bytes", "64KiB", "--dataset", `p=${dir}/p.json`, "--shm-dir", "off"],
+    env: {},
+    readTextFile: (p) => Deno.readTextFileSync(p),
+    cwd: dir,
+  });
+  const server = await createServer(config, { now: () => performance.now(), log: () => {}, wrapBody: oneChunkStream, whenDone: whenDoneDeno });
+  let onThreads = 0;
+  const threaded = { ...copier, threads: 4, copyOnThread: (...a: Parameters<typeof copier.copyOnThread>) => (onThreads++, copier.copyOnThread(...a)) };
+  try {
+    const reg = await server.datasets.get("p");
+    const firsts = [0, 64, 24, 200];
+    const want: Uint8Array[] = [];
+    for (const f of firsts) want.push((await assembleSamples(server.cache, reg, f, 8, 2 ** 30)).body.slice());
+    const runs = firsts.map((f) => takeResident(server.cache, reg, f, 8, 2 ** 30)!);
+    const bytes = want[0].length;
+    const buffer = new Uint8Array(5 * bytes).fill(0xee);
+    const into = firsts.map((_, i) => buffer.subarray((4 - i) * bytes, (5 - i) * bytes)); // slots in reverse order
+    const batches = await copyResidentRuns(threaded, reg, runs, into);
+    assert.equal(onThreads, 1);
+    for (let i = 0; i < firsts.length; i++) assert.ok(batches[i].body.every((b, j) => b === want[i][j]), `run ${i}`);
+    assert.ok(buffer.subarray(0, bytes).every((b) => b === 0xee));
+  } finally {
+    await server.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
