@@ -5,7 +5,7 @@
 
 import { Buffer } from "node:buffer";
 import type { BlockCache } from "../cache/block-cache.ts";
-import { DTYPE_CODES, PIECE_STRIDE, type TokenDtype } from "../dataset/mod.ts";
+import { DTYPE_CODES, PIECE_STRIDE, type TokenDataset, type TokenDtype } from "../dataset/mod.ts";
 import { CacheServerError, RangeNotSatisfiableError } from "../errors.ts";
 import type { RegisteredDataset } from "./dataset-catalog.ts";
 import { blockAddress, PIECE_NUMBERS, type PieceCopier, SLICE_BYTES } from "./piece-copier.ts";
@@ -60,7 +60,19 @@ const BLOCK_KEY = 2 ** 32;
 let pieceScratch = new Float64Array(PIECE_STRIDE * 64);
 let segmentScratch = new Float64Array(SEGMENT_STRIDE * 4096);
 
-/** Each planned block's position in the plan being made: cleared per plan, not made per plan. */
+/** Blocks a plan looks up by scanning (the last ones found) before it asks `planBlockPos`. */
+const RECENT_BLOCKS = 32;
+
+const itemSizesCache = new WeakMap<TokenDataset, Float64Array>();
+
+/** Bytes per token of each source of a dataset, by source number. */
+function itemSizesOf(ds: TokenDataset): Float64Array {
+  let v = itemSizesCache.get(ds);
+  if (v === undefined) itemSizesCache.set(ds, (v = Float64Array.from(ds.sources, (src) => src.index.itemSize)));
+  return v;
+}
+
+/** Each planned block's position in the plan being made, once it has more than RECENT_BLOCKS: cleared per plan, not made per plan. */
 const planBlockPos = new Map<number, number>();
 
 /** Bytes of plans kept for reuse, all datasets together. */
@@ -130,24 +142,42 @@ function computePlan(reg: RegisteredDataset, first: number, count: number, block
   // Plan into scratch arrays reused by every call (planning is synchronous, so no other plan
   // can interleave); they grow by doubling and are never shrunk. Only the used part is copied out.
   const room = PIECE_STRIDE * ds.maxPiecesPerSample;
+  if (pieceScratch.length < room) pieceScratch = new Float64Array(room);
+  const pieces = pieceScratch;
+  const itemSizes = itemSizesOf(ds);
   const blockPos = planBlockPos;
   blockPos.clear();
   const blocks: number[] = [];
   let at = 0; // segments written × SEGMENT_STRIDE
   for (let i = first; i < first + count; i++) {
-    if (pieceScratch.length < room) pieceScratch = new Float64Array(room);
-    const n = ds.planSample(i, pieceScratch, 0);
+    const n = ds.planSample(i, pieces, 0);
     for (let p = 0; p < n; p++) {
-      const source = pieceScratch[PIECE_STRIDE * p];
-      let start = pieceScratch[PIECE_STRIDE * p + 1];
-      const end = start + pieceScratch[PIECE_STRIDE * p + 2] * ds.sources[source].index.itemSize;
+      const source = pieces[PIECE_STRIDE * p];
+      let start = pieces[PIECE_STRIDE * p + 1];
+      const end = start + pieces[PIECE_STRIDE * p + 2] * itemSizes[source];
       while (start < end) {
         const b = Math.floor(start / blockBytes);
         const packed = source * BLOCK_KEY + b;
-        let pos = blockPos.get(packed);
-        if (pos === undefined) {
-          blockPos.set(packed, (pos = blocks.length));
-          blocks.push(packed);
+        // Most pieces fall in one of the last few blocks found: look there before the map.
+        let pos = -1;
+        for (let k = blocks.length - 1; k >= 0 && k >= blocks.length - RECENT_BLOCKS; k--) {
+          if (blocks[k] === packed) {
+            pos = k;
+            break;
+          }
+        }
+        if (pos < 0) {
+          if (blocks.length <= RECENT_BLOCKS) pos = -1;
+          else pos = blockPos.get(packed) ?? -1;
+          if (pos < 0) {
+            pos = blocks.length;
+            blocks.push(packed);
+            if (pos >= RECENT_BLOCKS) {
+              // The map holds every block once the plan has more than the scan covers.
+              if (pos === RECENT_BLOCKS) for (let k = 0; k < RECENT_BLOCKS; k++) blockPos.set(blocks[k], k);
+              blockPos.set(packed, pos);
+            }
+          }
         }
         const to = Math.min(end, (b + 1) * blockBytes);
         if (segmentScratch.length - at < SEGMENT_STRIDE) {

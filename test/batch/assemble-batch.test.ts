@@ -99,6 +99,34 @@ describe("batch planning", () => {
     expect(Buffer.from((await assembleSamples(whole, reg, 0, 16, 2 ** 30)).body).equals(Buffer.from(viaHttp))).toBe(true);
   });
 
+  it("names each block of a plan once, from a few blocks to more than its scan of recent ones covers, and every segment within its block", async () => {
+    const reg = await rf.server.datasets.get("d");
+    const bin = new Uint8Array(await (await fetch(`${rf.url}/v1/objects/data/tok/d.bin`)).arrayBuffer());
+    const bb = 1024;
+    for (const [first, count] of [[10, 2], [0, 40], [500, 2000]] as const) {
+      const plan = planSamples(reg, first, count, bb, false);
+      expect(new Set(plan.blocks).size, `${count} samples`).toBe(plan.blocks.length);
+      if (count === 2000) expect(plan.blocks.length).toBeGreaterThan(100); // past the scan: the map
+      // Each segment's bytes, read at its block's offset in the .bin, are the samples' tokens.
+      const out = new Uint8Array(count * reg.dataset.windowLength * 2);
+      let at = 0;
+      for (let i = 0; i < plan.segmentCount; i++) {
+        const block = plan.blocks[plan.segments[4 * i + 1]] % 2 ** 32;
+        const start = plan.segments[4 * i + 2];
+        const end = plan.segments[4 * i + 3];
+        expect(end).toBeLessThanOrEqual(bb);
+        out.set(bin.subarray(block * bb + start, block * bb + end), at);
+        at += end - start;
+      }
+      const want = new Uint16Array(reg.dataset.windowLength);
+      const got = new Uint16Array(out.buffer);
+      for (let i = 0; i < count; i += 37) {
+        readSample(reg.dataset, [bin], first + i, want);
+        expect(got.subarray(i * want.length, (i + 1) * want.length)).toEqual(want);
+      }
+    }
+  });
+
   it("refuses a run past the last sample, and keeps no plan for it", async () => {
     const reg = await rf.server.datasets.get("d");
     const n = reg.dataset.numSamples;
