@@ -21,7 +21,7 @@ import type { Origin } from "./origin/origin.ts";
 import type { IndexBuilder } from "./runtime/index-builder.ts";
 import type { ClientGone, WhenDone } from "./runtime/listener.ts";
 import type { MapFile } from "./shm/ring-file.ts";
-import type { PieceCopier } from "./batch/piece-copier.ts";
+import { type PieceCopier, withThreads } from "./batch/piece-copier.ts";
 import { SHM_PROTOCOL_VERSION } from "./shm/protocol.ts";
 import { type PeerIdentity, ShmServer } from "./shm/shm-server.ts";
 
@@ -219,7 +219,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
   });
   let shm: ShmServer | undefined;
   // HTTP batch bodies, reused and bounded in flight, where the runtime tells when a response is over.
-  const copier = config.nativeGather === "off" ? undefined : env.copier;
+  const copier = config.nativeGather === "off" ? undefined : withThreads(env.copier, config.nativeGatherThreads);
   const bodies = env.whenDone
     ? new BatchBodyPool({ poolBytes: config.batchPoolBytes, inflightBytes: config.batchInflightBytes, maxWaiting: 1024, waitMs: BATCH_WAIT_MS })
     : undefined;

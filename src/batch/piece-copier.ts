@@ -45,3 +45,8 @@ export function blockAddress(copier: PieceCopier, block: Uint8Array): number {
   }
   return a;
 }
+
+/** The copier with the thread count `--native-gather-threads` sets (0: auto, the binding's own). */
+export function withThreads(copier: PieceCopier | undefined, threads: number): PieceCopier | undefined {
+  return copier === undefined || threads === 0 ? copier : { ...copier, threads };
+}

@@ -3,6 +3,7 @@
 import { ConfigError, loadConfig } from "../config/load.ts";
 import { checkMemoryBudgets } from "../config/memory-check.ts";
 import type { MemoryLimit } from "../runtime/memory-limit.ts";
+import { withThreads } from "../batch/piece-copier.ts";
 import { ADMIN_USAGE, prefetchCommand, statsCommand } from "./admin-commands.ts";
 import { TUNABLES } from "../config/defaults.ts";
 import { DEMO_TOKEN_DATASET, ensureDemoDataset } from "../demo/demo-dataset.ts";
@@ -136,7 +137,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
     resolve();
   }));
   // Not even loaded when turned off (on Deno, loading asks for the FFI permission).
-  const copier = config.nativeGather === "off" ? undefined : host.copier;
+  const copier = config.nativeGather === "off" ? undefined : withThreads(host.copier, config.nativeGatherThreads);
   let server;
   try {
     server = await createServer(config, {

@@ -84,6 +84,11 @@ function factor(min: number, max: number): Parser<number> {
   };
 }
 
+/** "auto" (parsed as 0), or what `parse` accepts. */
+function autoOr(parse: Parser<number>): Parser<number> {
+  return (raw, what) => (String(raw).trim() === "auto" ? 0 : parse(raw, what));
+}
+
 function oneOf<T extends string>(choices: readonly T[]): Parser<T> {
   return (raw, what) => {
     const v = String(raw).trim() as T;
@@ -346,6 +351,14 @@ export const TUNABLES = {
     parse: oneOf(["auto", "off"]),
     doc: "Batch copies: auto = memcpy through native/build/librackfeed.so where it is built and the runtime can load it (on Deno with --allow-ffi; large batches are cut into slices copied on up to 8 threads), else JavaScript; off = always JavaScript",
   } as Tunable<"auto" | "off">,
+  nativeGatherThreads: {
+    key: "nativeGatherThreads",
+    flag: "--native-gather-threads",
+    env: "RACKFEED_NATIVE_GATHER_THREADS",
+    default: "auto",
+    parse: autoOr(intIn(1, 64)),
+    doc: "Threads the native gather may copy on: auto = the CPUs this process may run on, at most 8 (on Node, at most libuv's pool, UV_THREADPOOL_SIZE). Set it to the CPU quota in a container given fewer CPUs than the host has. Large batches are cut into slices, one per thread; with 4 threads or more, small shm batches are copied about 1 MiB of steps at a time on one of them; 1 copies every batch on the event loop",
+  } as Tunable<number>,
   maxIndexBytes: {
     key: "maxIndexBytes",
     flag: "--max-index-bytes",

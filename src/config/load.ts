@@ -50,6 +50,8 @@ export interface Config {
   readonly maxBatchBytes: number;
   readonly batchPoolBytes: number;
   readonly nativeGather: "auto" | "off";
+  /** Threads of the native gather; 0: auto (the runtime binding's own count). */
+  readonly nativeGatherThreads: number;
   readonly batchInflightBytes: number;
   readonly maxIndexBytes: number;
   readonly readToken: string | undefined;

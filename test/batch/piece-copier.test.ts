@@ -389,6 +389,18 @@ describe("small batches copied a group of steps at a time", () => {
     });
   });
 
+  it("takes its threads from --native-gather-threads: 4 groups small batches on a 2-thread copier, 1 keeps large ones on the event loop", async () => {
+    for (const [threads, own, microBatch, steps] of [["4", 2, MB, 120], ["1", 4, 600, 4]] as const) {
+      let onThreads = 0;
+      const counting: PieceCopier = { ...copier, threads: own, copyOnThread: (...a) => (onThreads++, copier.copyOnThread(...a)) };
+      await withShmServer({ args: ["--native-gather-threads", threads], env: { copier: counting } }, async (server, reg) => {
+        expect(await readStepsOverShm(server, reg, 0, steps, microBatch)).toBe(steps);
+        if (threads === "4") expect(onThreads).toBeGreaterThan(0);
+        else expect(onThreads).toBe(0);
+      });
+    }
+  });
+
   it("keeps a ring mapped until a group's copy has landed when its client leaves mid-stream", async () => {
     let calls = 0;
     let late = 0;
