@@ -5,6 +5,8 @@
 # run. Unpacks .devkit/ (bench/device/make-kit.sh) first.
 # Run there from the repo root: bash bench/device/run.sh [gpu] [transport] [bare] [wrk] [warm]  (default: all)
 #   transport-js, warm-js: the same with --native-gather off (batches copied in JavaScript), for an A/B.
+#   warm-2t: warm with --native-gather-threads 2 (each token batch copied on the event loop, no
+#   groups of steps on a copy thread), for an A/B of the group copy.
 #   Carry native/build too (the device tool's carry), or the servers copy in JavaScript where no cc is there.
 # Figures go to stdout and to $OUT (the device tool's folder), or bench/.out/device.
 set -uo pipefail
@@ -52,7 +54,8 @@ for p in "${parts[@]}"; do
     warm-js) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} BENCH_EXTRA_FLAGS="--native-gather off" part warm-js "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
     bare) part bare "${BENCH_BARE_SECONDS:-60}" bash bench/transport/bare.sh ;;
     wrk) part wrk "${BENCH_WRK_SECONDS:-90}" bash bench/datasets/wrk-batches.sh ;;
+    warm-2t) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} BENCH_EXTRA_FLAGS="--native-gather-threads 2" part warm-2t "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
     warm) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} part warm "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
-    *) echo "unknown part $p (gpu|transport|transport-js|bare|wrk|warm|warm-js)" >&2; exit 2 ;;
+    *) echo "unknown part $p (gpu|transport|transport-js|bare|wrk|warm|warm-js|warm-2t)" >&2; exit 2 ;;
   esac
 done
