@@ -197,6 +197,23 @@ function computePlan(reg: RegisteredDataset, first: number, count: number, block
   return { segments: segmentScratch.slice(0, at), segmentCount: at / SEGMENT_STRIDE, blocks };
 }
 
+const planKeys = new WeakMap<SamplePlan, { readonly cache: BlockCache; readonly keys: readonly string[] }>();
+
+/**
+ * The cache keys of a plan's blocks, in its order, made once per plan (and cache): read-ahead
+ * and the batch then look its blocks up without finding a key per block each time.
+ */
+export function blockKeys(cache: BlockCache, reg: RegisteredDataset, plan: SamplePlan): readonly string[] {
+  const known = planKeys.get(plan);
+  if (known !== undefined && known.cache === cache) return known.keys;
+  const keys = plan.blocks.map((packed) => {
+    const f = reg.files[blockSource(packed)];
+    return cache.keyOf(f.gw, f.binKey, f.bin, blockIndex(packed));
+  });
+  planKeys.set(plan, { cache, keys });
+  return keys;
+}
+
 /** The source of a plan's block (`SamplePlan.blocks` packs source and block index in one number). */
 export function blockSource(packed: number): number {
   return Math.floor(packed / BLOCK_KEY);
@@ -273,16 +290,17 @@ export async function assembleSamples(
   const t1 = now();
   // Blocks in memory are taken at once; only the others cost a promise (and a wait).
   let fetches: Promise<void>[] | undefined;
+  const keys = blockKeys(cache, reg, plan);
   for (let pos = 0; pos < plan.blocks.length; pos++) {
-    const packed = plan.blocks[pos];
-    const f = reg.files[blockSource(packed)];
-    const index = blockIndex(packed);
-    const inMemory = cache.memoryBlock(f.gw, f.binKey, f.bin, index);
+    const inMemory = cache.memoryBlockOfKey(keys[pos]);
     if (inMemory) {
       from.memory++;
       got[pos] = inMemory;
       continue;
     }
+    const packed = plan.blocks[pos];
+    const f = reg.files[blockSource(packed)];
+    const index = blockIndex(packed);
     if (cache.filling(f.gw, f.binKey, f.bin, index)) filling++;
     else missing++;
     (fetches ??= []).push(cache.blockFrom(f.gw, f.binKey, f.bin, index).then((b) => {
@@ -290,6 +308,7 @@ export async function assembleSamples(
       got[pos] = b.bytes;
     }));
   }
+  cache.countMemoryHits(from.memory);
   if (fetches) await Promise.all(fetches);
   const t2 = now();
 
@@ -480,11 +499,10 @@ export interface ResidentRun {
 export function takeResident(cache: BlockCache, reg: RegisteredDataset, first: number, count: number, maxBytes: number): ResidentRun | undefined {
   const bytes = checkedBodyBytes(reg, count, maxBytes);
   const plan = planSamples(reg, first, count, cache.blockBytes);
-  const got = new Array<Uint8Array>(plan.blocks.length);
-  for (let pos = 0; pos < plan.blocks.length; pos++) {
-    const packed = plan.blocks[pos];
-    const f = reg.files[blockSource(packed)];
-    const block = cache.memoryBlock(f.gw, f.binKey, f.bin, blockIndex(packed), false);
+  const keys = blockKeys(cache, reg, plan);
+  const got = new Array<Uint8Array>(keys.length);
+  for (let pos = 0; pos < keys.length; pos++) {
+    const block = cache.memoryBlockOfKey(keys[pos]);
     if (block === undefined) return undefined;
     got[pos] = block;
   }

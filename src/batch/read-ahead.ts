@@ -6,7 +6,7 @@
  */
 
 import type { BlockCache } from "../cache/block-cache.ts";
-import { blockIndex, blockSource, planSamples } from "./assemble-batch.ts";
+import { blockIndex, blockKeys, blockSource, planSamples } from "./assemble-batch.ts";
 import type { RegisteredDataset } from "./dataset-catalog.ts";
 
 /** Who reads: one trainer rank's view of a dataset. */
@@ -57,7 +57,7 @@ interface Consumer {
   /** Highest step whose blocks have been warmed. */
   warmedThrough: number;
   /** Steps after `step` that are scheduled: the block keys each needs, when, and their bytes. */
-  scheduled: Map<number, { keys: string[]; due: number; bytes: number }>;
+  scheduled: Map<number, { keys: readonly string[]; due: number; bytes: number }>;
   /** Sum of `scheduled` bytes: the consumer's outstanding window. */
   windowBytes: number;
   /** For each block key of `scheduled`, the dues of the steps that need it, in step order. */
@@ -224,18 +224,17 @@ export class ReadAhead {
       const first = stepSamples(s, c.key.rank, c.key.world, c.key.microBatch);
       const plan = planSamples(c.reg, first, c.key.microBatch, blockBytes);
       const due = now + (s - c.step) * stepMs;
-      const keys: string[] = [];
-      for (const packed of plan.blocks) {
-        const f = c.reg.files[blockSource(packed)];
-        const index = blockIndex(packed);
-        const k = cache.keyOf(f.gw, f.binKey, f.bin, index);
-        keys.push(k);
+      const keys = blockKeys(cache, c.reg, plan);
+      for (let pos = 0; pos < keys.length; pos++) {
+        const k = keys[pos];
         const queue = c.dues.get(k);
         if (queue) queue.push(due);
         else c.dues.set(k, [due]);
         const known = this.#nextUse.get(k);
         if (known === undefined || known < now || due < known) this.#nextUse.set(k, due);
-        if (cache.warm(f.gw, f.binKey, f.bin, index)) this.#blocksWarmed++;
+        const packed = plan.blocks[pos];
+        const f = c.reg.files[blockSource(packed)];
+        if (cache.warm(f.gw, f.binKey, f.bin, blockIndex(packed), k)) this.#blocksWarmed++;
       }
       const bytes = keys.length * blockBytes;
       c.scheduled.set(s, { keys, due, bytes });

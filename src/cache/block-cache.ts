@@ -196,10 +196,10 @@ export class BlockCache {
    * Starts filling block `index` unless it is in memory or already in flight (read-ahead).
    * Not counted as a lookup; a failed warm fill is counted in `fillErrors` and forgotten.
    *
+   * @param k the block's key, when the caller has it (else made here)
    * @returns true when a fill was started
    */
-  warm(gw: OriginGateway, key: string, info: ObjectInfo, index: number): boolean {
-    const k = this.keyOf(gw, key, info, index);
+  warm(gw: OriginGateway, key: string, info: ObjectInfo, index: number, k = this.keyOf(gw, key, info, index)): boolean {
     if (this.#memory.has(k)) return false;
     const flight = this.#flights.get(k);
     if (flight) {
@@ -255,19 +255,16 @@ export class BlockCache {
   }
 
   /**
-   * Block `index` when it is in the memory tier (counted as a hit, recency updated), else
-   * undefined and nothing counted: the caller then asks `blockFrom`. Lets a batch whose blocks
-   * are all in memory be assembled without a promise per block.
-   *
-   * @param count false: the hit is not counted (the caller counts its hits once it knows it uses them: `countMemoryHits`)
+   * The block of cache key `k` (a `keyOf`) when it is in the memory tier (recency updated), else
+   * undefined: the caller then asks `blockFrom`. Lets a batch whose blocks are all in memory be
+   * assembled without a promise per block. Not counted: the caller counts the hits it uses
+   * (`countMemoryHits`).
    */
-  memoryBlock(gw: OriginGateway, key: string, info: ObjectInfo, index: number, count = true): Uint8Array | undefined {
-    const bytes = this.#memory.get(this.keyOf(gw, key, info, index));
-    if (bytes && count) this.#memoryHits++;
-    return bytes;
+  memoryBlockOfKey(k: string): Uint8Array | undefined {
+    return this.#memory.get(k);
   }
 
-  /** Counts `n` memory hits taken with `memoryBlock(…, false)`. */
+  /** Counts `n` memory hits taken with `memoryBlockOfKey`. */
   countMemoryHits(n: number): void {
     this.#memoryHits += n;
   }

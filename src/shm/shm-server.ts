@@ -589,9 +589,7 @@ class ShmConnection {
           copied.catch(() => (failed = true));
           for (let i = 0; i < runs.length; i++) {
             const at = slotOfStep(step + i, from, slots);
-            const batch = copied.then((b) => b[i]);
-            batch.catch(() => {}); // raised when awaited, in order (`copied` sets `failed`)
-            inFlight.push({ step: step + i, slot: at.slot, generation: at.generation, first: runs[i].first, t0, unit, batch });
+            inFlight.push({ step: step + i, slot: at.slot, generation: at.generation, first: runs[i].first, t0, unit, batch: copied, index: i });
           }
           step += runs.length;
           // Publish the group before this one (its copy has had this group's planning to land).
@@ -602,7 +600,7 @@ class ShmConnection {
         const batch = assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, { now: this.#o.now, into: ring.target(slot), copier });
         // Awaited in order below; a later step failing first must not count as an unhandled rejection.
         batch.catch(() => (failed = true));
-        inFlight.push({ step, slot, generation, first, t0, unit, batch });
+        inFlight.push({ step, slot, generation, first, t0, unit, batch, index: -1 });
         step++;
         while (inFlight.length >= depth) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
       }
@@ -640,28 +638,37 @@ class ShmConnection {
     return runs;
   }
 
-  /** Publishes the oldest batch in flight once it is assembled; false when the connection has closed meanwhile. */
+  /**
+   * Publishes the oldest batch in flight once it is assembled, with the rest of its group (steps
+   * copied together land together); false when the connection has closed meanwhile.
+   */
   async #publishOldest(inFlight: Filling[], reg: RegisteredDataset, consumer: ConsumerKey): Promise<boolean> {
-    const { step, slot, generation, first, t0 } = inFlight[0];
-    const batch = await inFlight[0].batch;
-    inFlight.shift();
+    const done = await inFlight[0].batch;
     if (this.#closed) return false;
-    // This batch's own time: from its start, or from the previous publish if it started before
-    // (two in flight share the threads, so its wait behind the other is not its cost).
-    const started = Math.max(t0, this.#lastPublish);
-    this.#lastPublish = this.#o.now();
-    const ring = this.#ring!;
+    const unit = inFlight[0].unit;
+    let n = 1;
+    if (Array.isArray(done)) while (n < inFlight.length && inFlight[n].unit === unit) n++;
+    // The unit's own time, shared by its steps: from its start, or from the previous publish if
+    // it started before (two in flight share the threads, so its wait behind the other is not its cost).
+    const now = this.#o.now();
+    const seconds = (now - Math.max(inFlight[0].t0, this.#lastPublish)) / 1000 / n;
+    this.#lastPublish = now;
+    for (const f of inFlight.splice(0, n)) this.#publish(f, Array.isArray(done) ? done[f.index] : (done as AssembledBatch), seconds, reg, consumer);
+    return true;
+  }
+
+  /** Writes a step's slot header and tells the client; counts the batch. */
+  #publish(f: Filling, batch: AssembledBatch, seconds: number, reg: RegisteredDataset, consumer: ConsumerKey): void {
+    const { step, slot, generation, first } = f;
     const cache = cacheState(batch);
-    ring.publish(slot, batch.body, { generation, length: batch.body.length, step, firstSample: first, cache });
+    this.#ring!.publish(slot, batch.body, { generation, length: batch.body.length, step, firstSample: first, cache });
     this.#held.set(slot, generation);
     this.#published++;
-    const seconds = (this.#lastPublish - started) / 1000;
     this.#notify({ t: "batch", slot, generation, step, length: batch.body.length, firstSample: first, cache });
     this.#o.served.add("shm", batch.body.length);
     this.#o.onBatch(seconds, cache);
     this.#o.stats.record(reg.name, () => `shm rank ${consumer.rank}/${consumer.world} × ${consumer.microBatch} step ${step}`, batch, seconds);
     this.#o.readAhead.observe(reg, consumer, step);
-    return true;
   }
 }
 
@@ -674,7 +681,9 @@ interface Filling {
   readonly t0: number;
   /** The step's fill: its own, or its group's (steps copied together share one). */
   readonly unit: number;
-  readonly batch: Promise<AssembledBatch>;
+  /** The step's batch, or its group's batches: then the step's is at `index`. */
+  readonly batch: Promise<AssembledBatch | readonly AssembledBatch[]>;
+  readonly index: number;
 }
 
 /** A peer's credentials, or undefined when they cannot be read (then the read token decides). */

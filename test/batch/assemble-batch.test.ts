@@ -90,11 +90,13 @@ describe("batch planning", () => {
     const short = {
       blockBytes: bb,
       filling: () => false,
-      memoryBlock: (_gw: unknown, _key: string, _info: unknown, index: number) => bin.slice(index * bb, (index + 1) * bb - 64),
+      keyOf: (_gw: unknown, _key: string, _info: unknown, index: number) => String(index),
+      countMemoryHits: () => {},
+      memoryBlockOfKey: (k: string) => bin.slice(Number(k) * bb, (Number(k) + 1) * bb - 64),
     } as unknown as Parameters<typeof assembleSamples>[0];
     await expect(assembleSamples(short, reg, 0, 400, 2 ** 30)).rejects.toThrow(/shorter than its plan/);
     // The same stand-in with whole blocks assembles what the server serves.
-    const whole = { ...short, memoryBlock: (_gw: unknown, _key: string, _info: unknown, index: number) => bin.slice(index * bb, (index + 1) * bb) } as typeof short;
+    const whole = { ...short, memoryBlockOfKey: (k: string) => bin.slice(Number(k) * bb, (Number(k) + 1) * bb) } as typeof short;
     const viaHttp = new Uint8Array(await (await fetch(`${rf.url}/v1/datasets/d/samples?start=0&count=16`)).arrayBuffer());
     expect(Buffer.from((await assembleSamples(whole, reg, 0, 16, 2 ** 30)).body).equals(Buffer.from(viaHttp))).toBe(true);
   });
