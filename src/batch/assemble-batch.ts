@@ -535,13 +535,20 @@ const MIN_GROUP_THREADS = 4;
 /**
  * Copies resident runs, each into its own view of one buffer (the slots of a mapped ring), with
  * one copy list: cut into slices for the copier's threads when the runs together are large
- * enough. Each run's batch is counted as planned and copied in an equal share of the time.
+ * enough. Each run's batch is counted as planned and copied in an equal share of the time, from
+ * `t0` (when its planning began) to the copy's end.
  *
  * @param into one view per run, each of the same buffer and at least its run's bytes long
  * @throws {RangeError} when a view is of another buffer or too short
  */
-export async function copyResidentRuns(copier: PieceCopier, reg: RegisteredDataset, runs: readonly ResidentRun[], into: readonly Uint8Array[], now: () => number = () => performance.now()): Promise<AssembledBatch[]> {
-  const t0 = now();
+export async function copyResidentRuns(
+  copier: PieceCopier,
+  reg: RegisteredDataset,
+  runs: readonly ResidentRun[],
+  into: readonly Uint8Array[],
+  now: () => number = () => performance.now(),
+  t0 = now(),
+): Promise<AssembledBatch[]> {
   const buffer = into[0].buffer;
   const dst = new Uint8Array(buffer, 0, buffer.byteLength);
   let count = 0;

@@ -4,8 +4,10 @@ import { LRUCache } from "lru-cache";
 
 /**
  * Options passed to every `get`/`has`: lru-cache otherwise makes an options object per call (its
- * parameter default), a few dozen per served batch. It writes `status` into them (undefined unless
- * a diagnostics channel listens), so one object each is safe to share.
+ * parameter default), a few dozen per served batch. It writes `status` into them: undefined, or a
+ * new record while something subscribes to its `lru-cache:metrics` channel (an APM tool). The
+ * record is dropped after each call, so that the next call gets its own and the last block
+ * looked up is not kept alive by it.
  */
 const GET_OPTIONS: LRUCache.GetOptions<string, Uint8Array, unknown> = {};
 const HAS_OPTIONS: LRUCache.HasOptions<string, Uint8Array, unknown> = {};
@@ -61,12 +63,16 @@ export class MemoryTier {
 
   /** The block, marking it most recently used. */
   get(key: string): Uint8Array | undefined {
-    return this.#lru.get(key, GET_OPTIONS);
+    const v = this.#lru.get(key, GET_OPTIONS);
+    GET_OPTIONS.status = undefined;
+    return v;
   }
 
   /** True when held, without touching recency. */
   has(key: string): boolean {
-    return this.#lru.has(key, HAS_OPTIONS);
+    const v = this.#lru.has(key, HAS_OPTIONS);
+    HAS_OPTIONS.status = undefined;
+    return v;
   }
 
   /** Stores a block; one larger than the whole budget is not stored. */

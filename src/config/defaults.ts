@@ -86,7 +86,14 @@ function factor(min: number, max: number): Parser<number> {
 
 /** "auto" (parsed as 0), or what `parse` accepts. */
 function autoOr(parse: Parser<number>): Parser<number> {
-  return (raw, what) => (String(raw).trim() === "auto" ? 0 : parse(raw, what));
+  return (raw, what) => {
+    if (String(raw).trim().toLowerCase() === "auto") return 0;
+    try {
+      return parse(raw, what);
+    } catch (e) {
+      throw new RangeError((e as Error).message.replace("expected ", "expected auto or "));
+    }
+  };
 }
 
 function oneOf<T extends string>(choices: readonly T[]): Parser<T> {

@@ -585,7 +585,7 @@ class ShmConnection {
         const runs = group > 1 ? this.#residentRuns(reg, consumer, step, Math.min(group, end - step, slots - inFlight.length), from) : [];
         if (runs.length > 0) {
           const into = runs.map((_, i) => ring.target(slotOfStep(step + i, from, slots).slot));
-          const copied = copyResidentRuns(copier!, reg, runs, into, this.#o.now);
+          const copied = copyResidentRuns(copier!, reg, runs, into, this.#o.now, t0);
           copied.catch(() => (failed = true));
           for (let i = 0; i < runs.length; i++) {
             const at = slotOfStep(step + i, from, slots);

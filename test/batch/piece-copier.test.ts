@@ -401,28 +401,111 @@ describe("small batches copied a group of steps at a time", () => {
     }
   });
 
-  it("keeps a ring mapped until a group's copy has landed when its client leaves mid-stream", async () => {
+  it("keeps a ring mapped until every group's copy has landed when its client leaves mid-stream", async () => {
+    // Group 1's copy lands 60 ms in, group 2's (started while group 1 copies) 250 ms in; the
+    // client leaves 20 ms in. The fill loop sees the connection closed once group 1 lands: the
+    // ring must stay mapped until group 2 has landed too. A copy into an unmapped ring would
+    // crash this process, so the stand-in copier checks first and records it instead.
+    const map = loadNodeMapping()!;
+    let unmappedAt = -1;
+    const events: string[] = [];
     let calls = 0;
-    let late = 0;
     const slow: PieceCopier = {
       ...copier,
       threads: 4,
-      copyOnThread: (dst, pieces, first, end) =>
-        new Promise((resolve) => setTimeout(() => (late++, resolve(copier.copy(dst, pieces, first, end))), 20 + 15 * calls++)),
+      copyOnThread: (dst, pieces, first, end) => {
+        const k = calls++;
+        return new Promise((resolve) =>
+          setTimeout(() => {
+            if (unmappedAt >= 0) {
+              events.push(`group ${k + 1} after unmap`);
+              return resolve(0);
+            }
+            events.push(`group ${k + 1} landed`);
+            resolve(copier.copy(dst, pieces, first, end));
+          }, k === 0 ? 60 : 250)
+        );
+      },
     };
-    await withShmServer({ env: { copier: slow } }, async (server, reg) => {
+    const mapFile = (path: string, bytes: number) => {
+      const m = map(path, bytes, true);
+      return { ...m, unmap: () => (unmappedAt = events.push("unmap"), m.unmap()) };
+    };
+    await withShmServer({ env: { copier: slow, mapFile } }, async (server, reg, shmDir) => {
       const steps = Math.floor(reg.dataset.numSamples / MB);
-      expect(await readStepsOverShm(server, reg, 0, steps, MB)).toBe(steps); // every block in memory
-      calls = 0;
-      late = 0;
-      const c = new RackfeedClient({ url: server.url, local: localTransport(), shm: true });
-      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: MB, startStep: 0, endStep: steps })) {
-        expect(b.transport).toBe("shm");
-        break; // leaves while the next group is being copied
+      for (let s = 0; s < steps; s++) await assembleSamples(server.server.cache, reg, s * MB, MB, 2 ** 30); // every block in memory
+      const s = await connectUnix(join(shmDir, `rackfeed-${new URL(server.url).port}.sock`));
+      s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+      s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: MB, startStep: 0, endStep: steps }));
+      await new Promise((r) => setTimeout(r, 20));
+      s.close();
+      await waitFor(() => unmappedAt >= 0, "the ring to be unmapped");
+      await new Promise((r) => setTimeout(r, 300)); // any copy still to land has done so
+      expect(events).toEqual(["group 1 landed", "group 2 landed", "unmap"]);
+    });
+  });
+
+  it("never writes a slot the client still holds: a group stops at the first held slot", async () => {
+    // A slow trainer: it holds every slot it was told of and gives them back one or two at a
+    // time. Each slot's bytes must stay as they were when it was told of them until it releases
+    // them, and be that step's batch.
+    const map = loadNodeMapping()!;
+    await withShmServer({ env: { copier: { ...copier, threads: 4 } } }, async (server, reg, shmDir) => {
+      const cache = server.server.cache;
+      const steps = 200;
+      for (let s = 0; s < steps; s++) await assembleSamples(cache, reg, s * MB, MB, 2 ** 30); // every block in memory
+      const s = await connectUnix(join(shmDir, `rackfeed-${new URL(server.url).port}.sock`));
+      try {
+        s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+        s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: MB, startStep: 0, endStep: steps }));
+        const dec = new FrameDecoder();
+        const pending: Record<string, unknown>[] = [];
+        const next = async () => {
+          while (pending.length === 0) {
+            const chunk = await s.read();
+            if (chunk === null) throw new Error("the server closed the connection");
+            pending.push(...dec.push(chunk));
+          }
+          return pending.shift()!;
+        };
+        expect((await next()).t).toBe("welcome");
+        const ring = await next();
+        expect(ring.t).toBe("ring");
+        const m = map(String(ring.path), Number(ring.fileBytes), false);
+        const slotBytes = Number(ring.slotBytes);
+        const at = (slot: number) => Number(ring.dataOffset) + slot * slotBytes;
+        const held: { slot: number; generation: number; step: number; copy: Uint8Array }[] = [];
+        let seen = 0;
+        let turn = 0;
+        try {
+          while (seen < steps) {
+            const n = await next();
+            if (n.t === "end") break;
+            expect(n.t).toBe("batch");
+            expect(n.step).toBe(seen++);
+            const slot = Number(n.slot);
+            const copy = m.bytes.slice(at(slot), at(slot) + Number(n.length));
+            const want = (await assembleSamples(cache, reg, Number(n.step) * MB, MB, 2 ** 30)).body;
+            expect(Buffer.from(copy).equals(Buffer.from(want)), `step ${String(n.step)}`).toBe(true);
+            held.push({ slot, generation: Number(n.generation), step: Number(n.step), copy });
+            if (held.length < Number(ring.slots)) continue; // the ring is full: give back one or two
+            for (const h of held.splice(0, 1 + (turn++ % 2))) {
+              const now = m.bytes.subarray(at(h.slot), at(h.slot) + h.copy.length);
+              expect(Buffer.from(now).equals(Buffer.from(h.copy)), `slot ${h.slot} (step ${h.step}) changed while held`).toBe(true);
+              s.write(encodeFrame({ t: "release", slot: h.slot, generation: h.generation }));
+            }
+          }
+          expect(seen).toBe(steps);
+          for (const h of held) {
+            const now = m.bytes.subarray(at(h.slot), at(h.slot) + h.copy.length);
+            expect(Buffer.from(now).equals(Buffer.from(h.copy)), `slot ${h.slot} (step ${h.step}) changed while held`).toBe(true);
+          }
+        } finally {
+          m.unmap();
+        }
+      } finally {
+        s.close();
       }
-      await waitFor(() => late === calls, "the groups in flight to land");
-      expect(late).toBeGreaterThanOrEqual(2); // the next group landed after it left
-      expect(await readStepsOverShm(server, reg, 1, 40, MB)).toBe(39);
     });
   });
 

@@ -1,3 +1,4 @@
+import { channel } from "node:diagnostics_channel";
 import { describe, expect, it } from "vitest";
 import { MemoryTier } from "../../src/cache/memory-tier.ts";
 
@@ -40,5 +41,25 @@ describe("MemoryTier", () => {
     tier.set("b", block());
     tier.set("a", block());
     expect(tier.has("a") && tier.has("b")).toBe(true);
+  });
+
+  it("gives a diagnostics subscriber (lru-cache:metrics) its own record per lookup, and keeps none after it", () => {
+    const tier = new MemoryTier({ maxBytes: 4 * MiB });
+    tier.set("a", block());
+    tier.set("b", block());
+    const records: { op?: string; key?: string }[] = [];
+    const listen = (m: unknown) => records.push(m as { op?: string; key?: string });
+    const metrics = channel("lru-cache:metrics");
+    metrics.subscribe(listen);
+    try {
+      expect(tier.get("a")).toBeDefined();
+      expect(tier.get("b")).toBeDefined();
+      expect(tier.has("a")).toBe(true);
+    } finally {
+      metrics.unsubscribe(listen);
+    }
+    // Each lookup's own record (a shared one would read "b", "b", "a" by now).
+    expect(records.filter((r) => r.op === "get" || r.op === "has").map((r) => r.key)).toEqual(["a", "b", "a"]);
+    expect(new Set(records).size).toBe(records.length);
   });
 });

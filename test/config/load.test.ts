@@ -83,7 +83,7 @@ describe("loadConfig", () => {
     [["--read-token", "short"], /--read-token.*at least 8/],
     [["--no-such-flag", "1"], /no-such-flag/],
     [["--metadata-ttl", "2 weeks"], /--metadata-ttl/],
-    [["--native-gather-threads", "0"], /--native-gather-threads: expected an integer from 1 to 64, received "0"/],
+    [["--native-gather-threads", "0"], /--native-gather-threads: expected auto or an integer from 1 to 64, received "0"/],
     [["--native-gather-threads", "many"], /--native-gather-threads/],
   ];
   for (const [args, message] of bad) {
@@ -95,6 +95,7 @@ describe("loadConfig", () => {
   it("reads --native-gather-threads as auto (0) or a thread count", () => {
     expect(load([]).nativeGatherThreads).toBe(0);
     expect(load(["--native-gather-threads", "auto"]).nativeGatherThreads).toBe(0);
+    expect(load(["--native-gather-threads", "AUTO"]).nativeGatherThreads).toBe(0);
     expect(load(["--native-gather-threads", "3"]).nativeGatherThreads).toBe(3);
   });
 

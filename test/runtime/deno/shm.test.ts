@@ -10,8 +10,11 @@ import { denoBody, isAlive, listenDeno } from "../../../src/runtime/deno.ts";
 import { mapFileDeno, peerCredentialsDeno } from "../../../src/runtime/libc-deno.ts";
 import { withFd } from "../../../src/runtime/socket-fd.ts";
 import { createServer } from "../../../src/server.ts";
+import type { PieceCopier } from "../../../src/batch/piece-copier.ts";
+import { loadDenoPieceCopier } from "../../../src/runtime/native-gather-deno.ts";
 
-Deno.test("serves batches over mapped rings with zero copies on the client, byte-identical to HTTP", async () => {
+/** A Deno server with the shm path (rings mapped) over a small token dataset; `fn` gets its URL and shm directory. */
+async function withDenoShmServer(env: { copier?: PieceCopier }, fn: (url: string, dir: string) => Promise<void>): Promise<void> {
   const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-shm-" });
   await Deno.mkdir(`${dir}/origin`);
   const lengths = Array.from({ length: 400 }, (_, i) => 50 + ((i * 37) % 200));
@@ -32,13 +35,24 @@ Deno.test("serves batches over mapped rings with zero copies on the client, byte
     pid: Deno.pid,
     isAlive,
     mapFile: (p, n) => mapFileDeno(p, n, true),
+    ...env,
   });
   const listener = await listenDeno(server.fetch, config.listen);
   try {
     await server.startShm(Number(new URL(listener.url).port));
-    const c = createClient({ url: listener.url }); // shm, mapped, when co-located
+    await fn(listener.url, dir);
+  } finally {
+    await listener.close();
+    await server.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+Deno.test("serves batches over mapped rings with zero copies on the client, byte-identical to HTTP", async () => {
+  await withDenoShmServer({}, async (url, dir) => {
+    const c = createClient({ url }); // shm, mapped, when co-located
     assert.equal(await c.transport(), "shm");
-    const want = new Uint8Array(await (await fetch(`${listener.url}/v1/datasets/t/samples?start=0&count=1400`)).arrayBuffer());
+    const want = new Uint8Array(await (await fetch(`${url}/v1/datasets/t/samples?start=0&count=1400`)).arrayBuffer());
     const per = (want.length / 1400) * 2; // micro-batch 2
     let n = 0;
     let ringBytes = 0;
@@ -64,14 +78,39 @@ Deno.test("serves batches over mapped rings with zero copies on the client, byte
       await new Promise((r) => setTimeout(r, 20));
     }
     assert.deepEqual([...Deno.readDirSync(`${dir}/shm`)].map((e) => e.name).filter((x) => x.endsWith(".ring")), []);
-    const metrics = await (await fetch(`${listener.url}/metrics`)).text();
+    const metrics = await (await fetch(`${url}/metrics`)).text();
     assert.match(metrics, /rackfeed_served_bytes_total\{transport="shm"\} [1-9]/);
     await c.close();
-  } finally {
-    await listener.close();
-    await server.close();
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
+});
+
+Deno.test("copies small batches a group of steps at a time on a thread (Deno's nonblocking FFI) into the mapped ring, byte-identical to HTTP", async () => {
+  const native = loadDenoPieceCopier();
+  assert.ok(native, "native/build/librackfeed.so did not load (scripts/build-native.mjs builds it)");
+  let onThreads = 0;
+  let onLoop = 0;
+  // Four threads whatever this machine has: groups of steps go to a thread.
+  const copier: PieceCopier = {
+    ...native,
+    threads: 4,
+    copy: (...a) => (onLoop++, native.copy(...a)),
+    copyOnThread: (...a) => (onThreads++, native.copyOnThread(...a)),
+  };
+  await withDenoShmServer({ copier }, async (url) => {
+    const want = new Uint8Array(await (await fetch(`${url}/v1/datasets/t/samples?start=0&count=1496`)).arrayBuffer()); // every block in memory
+    const per = (want.length / 1496) * 8; // micro-batch 8
+    onLoop = 0;
+    const c = createClient({ url });
+    let n = 0;
+    for await (const b of c.batches("t", { rank: 0, world: 1, microBatch: 8, endStep: 187 })) {
+      assert.equal(b.transport, "shm");
+      assert.equal(b.step, n++);
+      assert.deepEqual(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength), want.subarray(b.step * per, (b.step + 1) * per), `step ${b.step}`);
+    }
+    await c.close();
+    assert.equal(n, 187);
+    assert.ok(onThreads > 0 && onThreads + onLoop < 187 / 4, `${onThreads} calls on threads, ${onLoop} on the event loop for 187 steps`);
+  });
 });
 
 Deno.test("reads a local peer's Unix credentials (SO_PEERCRED) through FFI, on node:net's sockets", async () => {
