@@ -397,9 +397,9 @@ function copyNatively(copier: PieceCopier, reg: RegisteredDataset, plan: SampleP
 }
 
 /**
- * A copy list for `count` pieces (`slices` as for `runCopy`): the reused scratch for a copy on this thread, else a list of
- * its own (the threads read it after the next batch has reused the scratch), as is a list far
- * larger than usual, which the scratch would then keep for good.
+ * A copy list for `count` pieces (`slices` as for `runCopy`): the reused scratch for a copy on
+ * this thread, else a list of its own (the threads read it after the next batch has reused the
+ * scratch), as is a list far larger than usual, which the scratch would then keep for good.
  */
 function copyList(slices: number, count: number): Float64Array {
   const numbers = PIECE_NUMBERS * count;
