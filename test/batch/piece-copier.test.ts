@@ -168,6 +168,37 @@ async function readStepsOverShm(server: RunningServer, reg: RegisteredDataset, s
   return steps;
 }
 
+/**
+ * A consumer on a raw control connection (rank 0 of 1, from step 0): `hello` and `open` sent;
+ * reads the server's messages one at a time.
+ */
+async function openRawConsumer(server: RunningServer, shmDir: string, microBatch: number, endStep: number) {
+  const socket = await connectUnix(join(shmDir, `rackfeed-${new URL(server.url).port}.sock`));
+  socket.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+  socket.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch, startStep: 0, endStep }));
+  const dec = new FrameDecoder();
+  const pending: Record<string, unknown>[] = [];
+  /** The next message; null once the server has closed the connection. */
+  const next = async (): Promise<Record<string, unknown> | null> => {
+    while (pending.length === 0) {
+      const chunk = await socket.read();
+      if (chunk === null) return null;
+      pending.push(...dec.push(chunk));
+    }
+    return pending.shift()!;
+  };
+  /** The messages up to the first error frame (or the close). */
+  const untilError = async (): Promise<Record<string, unknown>[]> => {
+    const got: Record<string, unknown>[] = [];
+    for (let m = await next(); m !== null; m = await next()) {
+      got.push(m);
+      if (m.t === "error") break;
+    }
+    return got;
+  };
+  return { socket, next, untilError };
+}
+
 describe("native gather into shared-memory rings", () => {
   it("fills mapped ring slots with threaded copies byte for byte as the JavaScript copy, a refused slice copied inline", async () => {
     // 600 windows of 2 KiB: 1.2 MiB batches, copied in four slices on the copier's threads,
@@ -278,23 +309,15 @@ describe("native gather into shared-memory rings", () => {
           stalling = new Set([...step1].filter((b) => !step0.has(b)));
           expect(failing.size).toBeGreaterThan(0);
           expect(stalling.size).toBeGreaterThan(0);
-          const s = await connectUnix(join(shmDir, `rackfeed-${new URL(server.url).port}.sock`));
+          const c = await openRawConsumer(server, shmDir, 600, 5);
           try {
-            s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
-            s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 600, startStep: 0, endStep: 5 }));
-            const dec = new FrameDecoder();
-            const got: Record<string, unknown>[] = [];
-            while (!got.some((m) => m.t === "error")) {
-              const chunk = await s.read();
-              if (chunk === null) break;
-              got.push(...dec.push(chunk));
-            }
+            const got = await c.untilError();
             expect(got.map((m) => m.t)).toEqual(["welcome", "ring", "error"]);
             // Step 1, filled alongside, waits on the origin, and its gate is still shut: the error
             // did not wait for it (before, it came only once the other step was done).
             await waitFor(() => stalled > 0, "step 1's read to wait on the origin");
           } finally {
-            s.close();
+            c.socket.close();
           }
         } finally {
           release(); // before the server closes: its fill waits on the gate
@@ -434,11 +457,9 @@ describe("small batches copied a group of steps at a time", () => {
     await withShmServer({ env: { copier: slow, mapFile } }, async (server, reg, shmDir) => {
       const steps = Math.floor(reg.dataset.numSamples / MB);
       for (let s = 0; s < steps; s++) await assembleSamples(server.server.cache, reg, s * MB, MB, 2 ** 30); // every block in memory
-      const s = await connectUnix(join(shmDir, `rackfeed-${new URL(server.url).port}.sock`));
-      s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
-      s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: MB, startStep: 0, endStep: steps }));
+      const c = await openRawConsumer(server, shmDir, MB, steps);
       await new Promise((r) => setTimeout(r, 20));
-      s.close();
+      c.socket.close();
       await waitFor(() => unmappedAt >= 0, "the ring to be unmapped");
       await new Promise((r) => setTimeout(r, 300)); // any copy still to land has done so
       expect(events).toEqual(["group 1 landed", "group 2 landed", "unmap"]);
@@ -454,20 +475,13 @@ describe("small batches copied a group of steps at a time", () => {
       const cache = server.server.cache;
       const steps = 200;
       for (let s = 0; s < steps; s++) await assembleSamples(cache, reg, s * MB, MB, 2 ** 30); // every block in memory
-      const s = await connectUnix(join(shmDir, `rackfeed-${new URL(server.url).port}.sock`));
+      const c = await openRawConsumer(server, shmDir, MB, steps);
+      const next = async () => {
+        const m = await c.next();
+        if (m === null) throw new Error("the server closed the connection");
+        return m;
+      };
       try {
-        s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
-        s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: MB, startStep: 0, endStep: steps }));
-        const dec = new FrameDecoder();
-        const pending: Record<string, unknown>[] = [];
-        const next = async () => {
-          while (pending.length === 0) {
-            const chunk = await s.read();
-            if (chunk === null) throw new Error("the server closed the connection");
-            pending.push(...dec.push(chunk));
-          }
-          return pending.shift()!;
-        };
         expect((await next()).t).toBe("welcome");
         const ring = await next();
         expect(ring.t).toBe("ring");
@@ -492,7 +506,7 @@ describe("small batches copied a group of steps at a time", () => {
             for (const h of held.splice(0, 1 + (turn++ % 2))) {
               const now = m.bytes.subarray(at(h.slot), at(h.slot) + h.copy.length);
               expect(Buffer.from(now).equals(Buffer.from(h.copy)), `slot ${h.slot} (step ${h.step}) changed while held`).toBe(true);
-              s.write(encodeFrame({ t: "release", slot: h.slot, generation: h.generation }));
+              c.socket.write(encodeFrame({ t: "release", slot: h.slot, generation: h.generation }));
             }
           }
           expect(seen).toBe(steps);
@@ -504,7 +518,7 @@ describe("small batches copied a group of steps at a time", () => {
           m.unmap();
         }
       } finally {
-        s.close();
+        c.socket.close();
       }
     });
   });
@@ -523,21 +537,13 @@ describe("small batches copied a group of steps at a time", () => {
     await withShmServer({ env: { copier: failing } }, async (server, reg, shmDir) => {
       const steps = Math.floor(reg.dataset.numSamples / MB);
       for (let s = 0; s < steps; s++) await assembleSamples(server.server.cache, reg, s * MB, MB, 2 ** 30); // every block in memory
-      const s = await connectUnix(join(shmDir, `rackfeed-${new URL(server.url).port}.sock`));
+      const c = await openRawConsumer(server, shmDir, MB, steps);
       try {
-        s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
-        s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: MB, startStep: 0, endStep: steps }));
-        const dec = new FrameDecoder();
-        const got: Record<string, unknown>[] = [];
-        while (!got.some((m) => m.t === "error")) {
-          const chunk = await s.read();
-          if (chunk === null) break;
-          got.push(...dec.push(chunk));
-        }
+        const got = await c.untilError();
         expect(got.map((m) => m.t)).toEqual(["welcome", "ring", "error"]);
         expect(got[2]).toMatchObject({ code: "INTERNAL", status: 500 });
       } finally {
-        s.close();
+        c.socket.close();
       }
       broken = false;
       expect(await readStepsOverShm(server, reg, 0, 70, MB)).toBe(70);
