@@ -1,6 +1,7 @@
 // The native gather under Deno (Deno.dlopen): the same copies as on Node, on this thread and as a nonblocking call.
 
 import assert from "node:assert/strict";
+import type { PieceCopier } from "../../../src/batch/piece-copier.ts";
 import { loadDenoPieceCopier } from "../../../src/runtime/native-gather-deno.ts";
 
 function pattern(n: number): Uint8Array {
@@ -25,31 +26,47 @@ Deno.test("the native gather loads and copies pieces of views at their offsets, 
   assert.ok(again.subarray(0, 100).every((b) => b === 0));
 });
 
-Deno.test("a Deno server copying natively, large batches on threads, serves the bytes of one copying in JavaScript", async () => {
+/** A directory with a synthetic token dataset (origin `data`, dataset `p`: 4096-token windows) for `fn`; removed after. */
+async function withDatasetDir(fn: (dir: string) => Promise<void>): Promise<void> {
+  const { syntheticDataset } = await import("../../helpers/token-data.ts");
+  const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-gather-" });
+  try {
+    const { idx, bin } = syntheticDataset(300, 500, 6000, 4);
+    await Deno.mkdir(`${dir}/origin`);
+    await Deno.writeFile(`${dir}/origin/p.idx`, idx);
+    await Deno.writeFile(`${dir}/origin/p.bin`, bin);
+    await Deno.writeTextFile(`${dir}/p.json`, JSON.stringify({ sources: [{ prefix: "data/p" }], seq_length: 4096, seed: 2, split: "100,0,0", split_index: 0, num_samples: 4000 }));
+    await fn(dir);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+/** A server (not listening) over `withDatasetDir`'s dataset, 64 KiB blocks, its cache under `dir/cache-NAME`. */
+async function datasetServer(dir: string, name: string, env: { copier?: PieceCopier }) {
   const { loadConfig } = await import("../../../src/config/load.ts");
   const { createServer } = await import("../../../src/server.ts");
-  const { listenDeno, oneChunkStream, whenDoneDeno } = await import("../../../src/runtime/deno.ts");
-  const { syntheticDataset } = await import("../../helpers/token-data.ts");
+  const { oneChunkStream, whenDoneDeno } = await import("../../../src/runtime/deno.ts");
+  const config = loadConfig({
+    args: ["--listen", "127.0.0.1:0", "--origin", `data=${dir}/origin`, "--cache-dir", `${dir}/cache-${name}`, "--block-bytes", "64KiB", "--dataset", `p=${dir}/p.json`, "--shm-dir", "off"],
+    env: {},
+    readTextFile: (p) => Deno.readTextFileSync(p),
+    cwd: dir,
+  });
+  const server = await createServer(config, { now: () => performance.now(), log: () => {}, wrapBody: oneChunkStream, whenDone: whenDoneDeno, ...env });
+  return { config, server };
+}
+
+Deno.test("a Deno server copying natively, large batches on threads, serves the bytes of one copying in JavaScript", async () => {
+  const { listenDeno } = await import("../../../src/runtime/deno.ts");
   const copier = loadDenoPieceCopier()!;
-  const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-gather-" });
-  const { idx, bin } = syntheticDataset(300, 500, 6000, 4);
-  await Deno.mkdir(`${dir}/origin`);
-  await Deno.writeFile(`${dir}/origin/p.idx`, idx);
-  await Deno.writeFile(`${dir}/origin/p.bin`, bin);
-  await Deno.writeTextFile(`${dir}/p.json`, JSON.stringify({ sources: [{ prefix: "data/p" }], seq_length: 4096, seed: 2, split: "100,0,0", split_index: 0, num_samples: 4000 }));
   const bodies: Uint8Array[][] = [];
   let onThreads = 0;
   // Four threads whatever this machine has: a 300-sample batch (2.4 MiB) is cut in four slices.
   const threaded = { ...copier, threads: 4, copyOnThread: (...a: Parameters<typeof copier.copyOnThread>) => (onThreads++, copier.copyOnThread(...a)) };
-  try {
+  await withDatasetDir(async (dir) => {
     for (const [name, env] of [["native", { copier: threaded }], ["script", {}]] as const) {
-      const config = loadConfig({
-        args: ["--listen", "127.0.0.1:0", "--origin", `data=${dir}/origin`, "--cache-dir", `${dir}/cache-${name}`, "--block-bytes", "64KiB", "--dataset", `p=${dir}/p.json`, "--shm-dir", "off"],
-        env: {},
-        readTextFile: (p) => Deno.readTextFileSync(p),
-        cwd: dir,
-      });
-      const server = await createServer(config, { now: () => performance.now(), log: () => {}, wrapBody: oneChunkStream, whenDone: whenDoneDeno, ...env });
+      const { config, server } = await datasetServer(dir, name, env);
       const listener = await listenDeno(server.fetch, config.listen);
       try {
         // Concurrent requests, so that slices of several batches are on the threads at once.
@@ -65,51 +82,34 @@ Deno.test("a Deno server copying natively, large batches on threads, serves the 
         await server.close();
       }
     }
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+  });
   assert.equal(onThreads, 4 * 4);
   const [native, script] = bodies;
   for (let i = 0; i < native.length; i++) assert.ok(native[i].length > 0 && native[i].length === script[i].length && native[i].every((b, j) => b === script[i][j]), `batch ${i}`);
 });
 
 Deno.test("a group of small batches is copied by one nonblocking call into views of one buffer, as in JavaScript", async () => {
-  const { loadConfig } = await import("../../../src/config/load.ts");
-  const { createServer } = await import("../../../src/server.ts");
   const { assembleSamples, copyResidentRuns, takeResident } = await import("../../../src/batch/assemble-batch.ts");
-  const { oneChunkStream, whenDoneDeno } = await import("../../../src/runtime/deno.ts");
-  const { syntheticDataset } = await import("../../helpers/token-data.ts");
   const copier = loadDenoPieceCopier()!;
-  const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-group-" });
-  const { idx, bin } = syntheticDataset(300, 500, 6000, 4);
-  await Deno.mkdir(`${dir}/origin`);
-  await Deno.writeFile(`${dir}/origin/p.idx`, idx);
-  await Deno.writeFile(`${dir}/origin/p.bin`, bin);
-  await Deno.writeTextFile(`${dir}/p.json`, JSON.stringify({ sources: [{ prefix: "data/p" }], seq_length: 4096, seed: 2, split: "100,0,0", split_index: 0, num_samples: 4000 }));
-  const config = loadConfig({
-    args: ["--listen", "127.0.0.1:0", "--origin", `data=${dir}/origin`, "--cache-dir", `${dir}/cache`, "--block-bytes", "64KiB", "--dataset", `p=${dir}/p.json`, "--shm-dir", "off"],
-    env: {},
-    readTextFile: (p) => Deno.readTextFileSync(p),
-    cwd: dir,
-  });
-  const server = await createServer(config, { now: () => performance.now(), log: () => {}, wrapBody: oneChunkStream, whenDone: whenDoneDeno });
   let onThreads = 0;
   const threaded = { ...copier, threads: 4, copyOnThread: (...a: Parameters<typeof copier.copyOnThread>) => (onThreads++, copier.copyOnThread(...a)) };
-  try {
-    const reg = await server.datasets.get("p");
-    const firsts = [0, 64, 24, 200];
-    const want: Uint8Array[] = [];
-    for (const f of firsts) want.push((await assembleSamples(server.cache, reg, f, 8, 2 ** 30)).body.slice());
-    const runs = firsts.map((f) => takeResident(server.cache, reg, f, 8, 2 ** 30)!);
-    const bytes = want[0].length;
-    const buffer = new Uint8Array(5 * bytes).fill(0xee);
-    const into = firsts.map((_, i) => buffer.subarray((4 - i) * bytes, (5 - i) * bytes)); // slots in reverse order
-    const batches = await copyResidentRuns(threaded, reg, runs, into);
-    assert.equal(onThreads, 1);
-    for (let i = 0; i < firsts.length; i++) assert.ok(batches[i].body.every((b, j) => b === want[i][j]), `run ${i}`);
-    assert.ok(buffer.subarray(0, bytes).every((b) => b === 0xee));
-  } finally {
-    await server.close();
-    await Deno.remove(dir, { recursive: true });
-  }
+  await withDatasetDir(async (dir) => {
+    const { server } = await datasetServer(dir, "group", {});
+    try {
+      const reg = await server.datasets.get("p");
+      const firsts = [0, 64, 24, 200];
+      const want: Uint8Array[] = [];
+      for (const f of firsts) want.push((await assembleSamples(server.cache, reg, f, 8, 2 ** 30)).body.slice());
+      const runs = firsts.map((f) => takeResident(server.cache, reg, f, 8, 2 ** 30)!);
+      const bytes = want[0].length;
+      const buffer = new Uint8Array(5 * bytes).fill(0xee);
+      const into = firsts.map((_, i) => buffer.subarray((4 - i) * bytes, (5 - i) * bytes)); // slots in reverse order
+      const batches = await copyResidentRuns(threaded, reg, runs, into);
+      assert.equal(onThreads, 1);
+      for (let i = 0; i < firsts.length; i++) assert.ok(batches[i].body.every((b, j) => b === want[i][j]), `run ${i}`);
+      assert.ok(buffer.subarray(0, bytes).every((b) => b === 0xee));
+    } finally {
+      await server.close();
+    }
+  });
 });
