@@ -10,6 +10,7 @@ import { connectUnix, localTransport } from "../../src/client/node.ts";
 import type { Config } from "../../src/config/load.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import { loadNodeMapping, loadNodePeerCredentials } from "../../src/runtime/libc-node.ts";
+import { loadNodePieceCopier } from "../../src/runtime/native-gather-node.ts";
 import { withFd } from "../../src/runtime/socket-fd.ts";
 import type { Origin } from "../../src/origin/origin.ts";
 import {
@@ -101,14 +102,20 @@ describe("shared-memory fast path", () => {
     ["mapped client polling slot headers (notify wait), pwrite server", { poll: true, map: true, mappedServer: false }],
     ["pread client told of every batch (notify all), pwrite server", { poll: false, map: false, mappedServer: false }],
     ["mapped client polling, mapped server (koffi)", { poll: true, map: true, mappedServer: true }],
-  ])("delivers thousands of batches under randomized producer and consumer speeds, each byte-identical to its HTTP body: %s", async (_, mode) => {
+    ["mapped client polling, mapped server copying groups of steps on a thread", { poll: true, map: true, mappedServer: true, groups: true }],
+  ])("delivers thousands of batches under randomized producer and consumer speeds, each byte-identical to its HTTP body: %s", async (_, mode: { poll: boolean; map: boolean; mappedServer: boolean; groups?: boolean }) => {
     const mapFile = loadNodeMapping();
     expect(mapFile, "koffi maps files on this machine").toBeDefined();
     const dir = mode.mappedServer ? join(ws.dir, "shm-mapped") : shmDir;
+    // Four threads whatever this machine has: steps whose blocks are all in memory are copied in groups.
+    const native = loadNodePieceCopier()!;
+    let groups = 0;
+    const grouping = { ...native, threads: 4, copyOnThread: (...a: Parameters<typeof native.copyOnThread>) => (groups++, native.copyOnThread(...a)) };
     const server = mode.mappedServer
       ? await startServer(ws, [...args.filter((a) => a !== shmDir), dir], {
         makeOrigin: jitteryOrigin,
         mapFile: (path, bytes) => mapFile!(path, bytes, true),
+        ...(mode.groups ? { copier: grouping } : {}),
       })
       : rf;
     const ringsIn = () => readdirSync(dir).filter((n) => n.endsWith(".ring"));
@@ -127,6 +134,7 @@ describe("shared-memory fast path", () => {
         if (Math.random() < 0.05) await sleep(Math.random() * 4); // a consumer that sometimes stalls
       }
       expect(expectStep).toBe(steps);
+      if (mode.groups) expect(groups).toBeGreaterThan(0);
       expect(await server.metric("rackfeed_served_bytes_total", { transport: "shm" })).toBe(before + want.length);
       await waitFor(async () => ringsIn().length === 0 && (await server.metric("rackfeed_shm_rings")) === 0, "the ring to be removed after the iteration");
     } finally {
