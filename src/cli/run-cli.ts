@@ -196,7 +196,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   host.print(`rackfeed (${host.runtime}) listening on ${listener.url}`);
   if (shm) host.print(`Shared memory: control socket ${shm.socketPath}, rings in ${config.shmDir} (${host.mapFile ? "mapped" : "pwrite"})`);
   host.print(copier
-    ? `Batch copies: native gather (memcpy; large batches on up to ${copier.threads} threads)`
+    ? `Batch copies: native gather (memcpy; large batches on up to ${copier.threads} threads${copier.threads >= 4 ? ", small shm batches a group of steps at a time on one" : ""})`
     : `Batch copies: JavaScript (${config.nativeGather === "off" ? "--native-gather off" : "native/build/librackfeed.so not built or not loadable: node scripts/build-native.mjs; on Deno, --allow-ffi"})`);
   if (demo) {
     const u = listener.url;
