@@ -38,6 +38,8 @@ export interface RackfeedServer {
   readonly batchStats: BatchStats;
   /** Consumers' read-ahead schedules (their look-ahead, fresh; /metrics shows a snapshot). */
   readonly readAhead: ReadAhead;
+  /** How batches are copied: the native gather with its thread count, or undefined (JavaScript). */
+  readonly copier: PieceCopier | undefined;
   /**
    * Opens the shared-memory control socket (after HTTP is listening, since its default name holds
    * the port). Resolves to undefined when `--shm-dir off`.
@@ -295,6 +297,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     prefetch,
     batchStats,
     readAhead,
+    copier,
     async startShm(port) {
       if (config.shmDir === undefined || shm) return shm;
       const socketPath = config.shmSocket ?? `${config.shmDir}/rackfeed-${port}.sock`;

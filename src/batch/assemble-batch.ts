@@ -530,7 +530,7 @@ export function stepsPerCopy(copier: PieceCopier | undefined, reg: RegisteredDat
 /** Bytes of batches copied together by `copyResidentRuns` (one thread's slice per this many). */
 const GROUP_BYTES = 2 ** 20;
 /** The fewest copier threads for which steps are copied in groups (see `stepsPerCopy`). */
-const MIN_GROUP_THREADS = 4;
+export const MIN_GROUP_THREADS = 4;
 
 /**
  * Copies resident runs, each into its own view of one buffer (the slots of a mapped ring), with

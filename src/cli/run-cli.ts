@@ -2,8 +2,8 @@
 
 import { ConfigError, loadConfig } from "../config/load.ts";
 import { checkMemoryBudgets } from "../config/memory-check.ts";
+import { MIN_GROUP_THREADS } from "../batch/assemble-batch.ts";
 import type { MemoryLimit } from "../runtime/memory-limit.ts";
-import { withThreads } from "../batch/piece-copier.ts";
 import { ADMIN_USAGE, prefetchCommand, statsCommand } from "./admin-commands.ts";
 import { TUNABLES } from "../config/defaults.ts";
 import { DEMO_TOKEN_DATASET, ensureDemoDataset } from "../demo/demo-dataset.ts";
@@ -137,7 +137,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
     resolve();
   }));
   // Not even loaded when turned off (on Deno, loading asks for the FFI permission).
-  const copier = config.nativeGather === "off" ? undefined : withThreads(host.copier, config.nativeGatherThreads);
+  const copier = config.nativeGather === "off" ? undefined : host.copier;
   let server;
   try {
     server = await createServer(config, {
@@ -195,8 +195,9 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   }
   host.print(`rackfeed (${host.runtime}) listening on ${listener.url}`);
   if (shm) host.print(`Shared memory: control socket ${shm.socketPath}, rings in ${config.shmDir} (${host.mapFile ? "mapped" : "pwrite"})`);
-  host.print(copier
-    ? `Batch copies: native gather (memcpy; large batches on up to ${copier.threads} threads${copier.threads >= 4 ? ", small shm batches a group of steps at a time on one" : ""})`
+  const used = server.copier;
+  host.print(used
+    ? `Batch copies: native gather (memcpy; large batches on up to ${used.threads} threads${used.threads >= MIN_GROUP_THREADS ? ", small shm batches a group of steps at a time on one" : ""})`
     : `Batch copies: JavaScript (${config.nativeGather === "off" ? "--native-gather off" : "native/build/librackfeed.so not built or not loadable: node scripts/build-native.mjs; on Deno, --allow-ffi"})`);
   if (demo) {
     const u = listener.url;
