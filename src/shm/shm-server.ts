@@ -564,11 +564,11 @@ class ShmConnection {
       let sliceStart = this.#o.now();
       for (let step = from; step < end;) {
         // A step in flight failed: start no more, and let `#publishOldest` raise its error.
-        while (failed && inFlight.length > 0) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
+        if (failed && !(await this.#publishBefore(inFlight, Infinity, reg, consumer))) return;
         const { slot, generation } = slotOfStep(step, from, slots);
         if (this.#held.has(slot)) {
           // The client may be waiting for a batch still being copied: publish those first.
-          while (inFlight.length > 0) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
+          if (!(await this.#publishBefore(inFlight, Infinity, reg, consumer))) return;
           this.#flush(); // the client must hear of every batch before we sleep on its releases
           while (this.#held.has(slot) && !this.#closed) await new Promise<void>((r) => (this.#wake = r));
           // Releases come a group at a time, in one chunk: the first wakes this loop. Let the rest
@@ -584,16 +584,13 @@ class ShmConnection {
         const t0 = this.#o.now();
         const runs = group > 1 ? this.#residentRuns(reg, consumer, step, Math.min(group, end - step, slots - inFlight.length), from) : [];
         if (runs.length > 0) {
-          const into = runs.map((_, i) => ring.target(slotOfStep(step + i, from, slots).slot));
-          const copied = copyResidentRuns(copier!, reg, runs, into, this.#o.now, t0);
+          const at = runs.map((_, i) => slotOfStep(step + i, from, slots));
+          const copied = copyResidentRuns(copier!, reg, runs, at.map((a) => ring.target(a.slot)), this.#o.now, t0);
           copied.catch(() => (failed = true));
-          for (let i = 0; i < runs.length; i++) {
-            const at = slotOfStep(step + i, from, slots);
-            inFlight.push({ step: step + i, slot: at.slot, generation: at.generation, first: runs[i].first, t0, unit, batch: copied, index: i });
-          }
+          runs.forEach((r, i) => inFlight.push({ step: step + i, ...at[i], first: r.first, t0, unit, batch: copied, index: i }));
           step += runs.length;
           // Publish the group before this one (its copy has had this group's planning to land).
-          while (inFlight.length > 0 && inFlight[0].unit < unit) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
+          if (!(await this.#publishBefore(inFlight, unit, reg, consumer))) return;
           continue;
         }
         const first = stepSamples(step, consumer.rank, consumer.world, consumer.microBatch);
@@ -602,9 +599,10 @@ class ShmConnection {
         batch.catch(() => (failed = true));
         inFlight.push({ step, slot, generation, first, t0, unit, batch, index: -1 });
         step++;
-        while (inFlight.length >= depth) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
+        // Steps filled alone are units of one: `depth` of them stay in flight, this one included.
+        if (!(await this.#publishBefore(inFlight, unit + 2 - depth, reg, consumer))) return;
       }
-      while (inFlight.length > 0) if (!(await this.#publishOldest(inFlight, reg, consumer))) return;
+      if (!(await this.#publishBefore(inFlight, Infinity, reg, consumer))) return;
       this.#send({ t: "end", step: end });
     } catch (e) {
       // Reported at once, not after the other step's fetch: this closes the connection and
@@ -636,6 +634,12 @@ class ShmConnection {
       runs.push(run);
     }
     return runs;
+  }
+
+  /** Publishes the units in flight older than `unit`, oldest first; false when the connection has closed meanwhile. */
+  async #publishBefore(inFlight: Filling[], unit: number, reg: RegisteredDataset, consumer: ConsumerKey): Promise<boolean> {
+    while (inFlight.length > 0 && inFlight[0].unit < unit) if (!(await this.#publishOldest(inFlight, reg, consumer))) return false;
+    return true;
   }
 
   /**
