@@ -15,6 +15,7 @@ import { loadNodeMapping } from "../../src/runtime/libc-node.ts";
 import { loadNodePieceCopier, NATIVE_LIBRARY } from "../../src/runtime/native-gather-node.ts";
 import { makeWorkspace, patternBytes, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
+import { countingCopier } from "../helpers/counting-copier.ts";
 
 // Windows of 1024 uint16 tokens (2 KiB): 1100 samples make a 2.2 MiB batch, copied in slices on threads.
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 1023, seed: 3, split: "100,0,0", split_index: 0, num_samples: 3000 };
@@ -57,17 +58,15 @@ describe("native gather", () => {
     const reg = await rf.server.datasets.get("d");
     const bin = new Uint8Array(await (await fetch(`${rf.url}/v1/objects/data/tok/d.bin`)).arrayBuffer());
     const w = reg.dataset.windowLength;
-    // Four threads whatever this machine has, so that the batch is cut in four slices.
-    const threaded: PieceCopier = { ...copier, threads: 4 };
     for (const [first, count] of [[40, 3], [7, 1100]] as const) {
       const bytes = count * w * 2;
       const plan = planSamples(reg, first, count, rf.server.cache.blockBytes);
       expect(plan.segmentCount).toBeGreaterThan(count); // documents and 8 KiB blocks cut the windows
       const inScript = await assembleSamples(rf.server.cache, reg, first, count, 2 ** 30);
-      let onThreads = 0;
-      const counting: PieceCopier = { ...threaded, copyOnThread: (...a) => (onThreads++, threaded.copyOnThread(...a)) };
+      // Four threads whatever this machine has, so that the batch is cut in four slices.
+      const counting = countingCopier(copier);
       const native = await assembleSamples(rf.server.cache, reg, first, count, 2 ** 30, { copier: counting });
-      expect(onThreads).toBe(bytes >= 4 * SLICE_BYTES ? 4 : 0);
+      expect(counting.calls.onThreads).toBe(bytes >= 4 * SLICE_BYTES ? 4 : 0);
       expect(Buffer.from(native.body).equals(Buffer.from(inScript.body)), `samples ${first}+${count}`).toBe(true);
       const want = new Uint16Array(w);
       const got = new Uint16Array(native.body.buffer, native.body.byteOffset, count * w);
@@ -360,10 +359,9 @@ describe("small batches copied a group of steps at a time", () => {
     }
     const buffer = new Uint8Array(4 * bytes + 300).fill(0xee);
     const into = [buffer.subarray(100, 100 + bytes), buffer.subarray(3 * bytes + 300), buffer.subarray(bytes + 200, 2 * bytes + 200)];
-    let onThreads = 0;
-    const counting: PieceCopier = { ...copier, threads: 4, copyOnThread: (...a) => (onThreads++, copier.copyOnThread(...a)) };
+    const counting = countingCopier(copier);
     const batches = await copyResidentRuns(counting, reg, runs, into);
-    expect(onThreads).toBe(1); // three runs, one call on a thread
+    expect(counting.calls.onThreads).toBe(1); // three runs, one call on a thread
     for (let i = 0; i < runs.length; i++) {
       const want = (await assembleSamples(cache, reg, runs[i].first, MB, 2 ** 30)).body;
       expect(batches[i].body.buffer).toBe(buffer.buffer);
@@ -387,39 +385,32 @@ describe("small batches copied a group of steps at a time", () => {
   });
 
   it("fills a mapped ring a group of steps per copy on a thread, byte for byte as the JavaScript copy; steps with blocks to fetch alone", async () => {
-    let onThreads = 0;
-    let onLoop = 0;
-    const counting: PieceCopier = {
-      ...copier,
-      threads: 4,
-      copy: (...a) => (onLoop++, copier.copy(...a)),
-      copyOnThread: (...a) => (onThreads++, copier.copyOnThread(...a)),
-    };
+    const counting = countingCopier(copier);
+    const calls = counting.calls;
     await withShmServer({ env: { copier: counting } }, async (server, reg) => {
       const steps = Math.floor(reg.dataset.numSamples / MB);
       // A cold cache: the first steps fetch blocks and are filled one at a time; once the blocks
       // are in memory, 32 steps go in one call.
       expect(await readStepsOverShm(server, reg, 0, steps, MB)).toBe(steps);
-      expect(onThreads).toBeGreaterThan(0);
-      expect(onThreads + onLoop).toBeLessThan(steps / 4);
+      expect(calls.onThreads).toBeGreaterThan(0);
+      expect(calls.onThreads + calls.onLoop).toBeLessThan(steps / 4);
       // A second consumer, every block in memory: whole groups (the ring's releases come 16 at a
       // time, so a group is 16 to 32 steps), and resumed at a step that is not a group's first.
-      onThreads = 0;
-      onLoop = 0;
+      calls.onThreads = 0;
+      calls.onLoop = 0;
       expect(await readStepsOverShm(server, reg, 5, steps, MB)).toBe(steps - 5);
-      expect(onLoop).toBeLessThanOrEqual(1);
-      expect(onThreads).toBeLessThanOrEqual(Math.ceil((steps - 5) / 16));
+      expect(calls.onLoop).toBeLessThanOrEqual(1);
+      expect(calls.onThreads).toBeLessThanOrEqual(Math.ceil((steps - 5) / 16));
     });
   });
 
   it("takes its threads from --native-gather-threads: 4 groups small batches on a 2-thread copier, 1 keeps large ones on the event loop", async () => {
     for (const [threads, own, microBatch, steps] of [["4", 2, MB, 120], ["1", 4, 600, 4]] as const) {
-      let onThreads = 0;
-      const counting: PieceCopier = { ...copier, threads: own, copyOnThread: (...a) => (onThreads++, copier.copyOnThread(...a)) };
+      const counting = countingCopier(copier, own);
       await withShmServer({ args: ["--native-gather-threads", threads], env: { copier: counting } }, async (server, reg) => {
         expect(await readStepsOverShm(server, reg, 0, steps, microBatch)).toBe(steps);
-        if (threads === "4") expect(onThreads).toBeGreaterThan(0);
-        else expect(onThreads).toBe(0);
+        if (threads === "4") expect(counting.calls.onThreads).toBeGreaterThan(0);
+        else expect(counting.calls.onThreads).toBe(0);
       });
     }
   });

@@ -28,6 +28,7 @@ import { ShmStartupError } from "../../src/server.ts";
 import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { NODE, NODE_TS, ROOT } from "../helpers/spawn.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
+import { countingCopier } from "../helpers/counting-copier.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 64, seed: 9, split: "100,0,0", split_index: 0, num_samples: 5000 };
 let ws: Workspace;
@@ -108,9 +109,7 @@ describe("shared-memory fast path", () => {
     expect(mapFile, "koffi maps files on this machine").toBeDefined();
     const dir = mode.mappedServer ? join(ws.dir, "shm-mapped") : shmDir;
     // Four threads whatever this machine has: steps whose blocks are all in memory are copied in groups.
-    const native = loadNodePieceCopier()!;
-    let groups = 0;
-    const grouping = { ...native, threads: 4, copyOnThread: (...a: Parameters<typeof native.copyOnThread>) => (groups++, native.copyOnThread(...a)) };
+    const grouping = countingCopier(loadNodePieceCopier()!);
     const server = mode.mappedServer
       ? await startServer(ws, [...args.filter((a) => a !== shmDir), dir], {
         makeOrigin: jitteryOrigin,
@@ -134,7 +133,7 @@ describe("shared-memory fast path", () => {
         if (Math.random() < 0.05) await sleep(Math.random() * 4); // a consumer that sometimes stalls
       }
       expect(expectStep).toBe(steps);
-      if (mode.groups) expect(groups).toBeGreaterThan(0);
+      if (mode.groups) expect(grouping.calls.onThreads).toBeGreaterThan(0);
       expect(await server.metric("rackfeed_served_bytes_total", { transport: "shm" })).toBe(before + want.length);
       await waitFor(async () => ringsIn().length === 0 && (await server.metric("rackfeed_shm_rings")) === 0, "the ring to be removed after the iteration");
     } finally {

@@ -2,6 +2,7 @@
 
 import assert from "node:assert/strict";
 import type { PieceCopier } from "../../../src/batch/piece-copier.ts";
+import { countingCopier } from "../../helpers/counting-copier.ts";
 import { loadDenoPieceCopier } from "../../../src/runtime/native-gather-deno.ts";
 
 function pattern(n: number): Uint8Array {
@@ -61,9 +62,8 @@ Deno.test("a Deno server copying natively, large batches on threads, serves the 
   const { listenDeno } = await import("../../../src/runtime/deno.ts");
   const copier = loadDenoPieceCopier()!;
   const bodies: Uint8Array[][] = [];
-  let onThreads = 0;
   // Four threads whatever this machine has: a 300-sample batch (2.4 MiB) is cut in four slices.
-  const threaded = { ...copier, threads: 4, copyOnThread: (...a: Parameters<typeof copier.copyOnThread>) => (onThreads++, copier.copyOnThread(...a)) };
+  const threaded = countingCopier(copier);
   await withDatasetDir(async (dir) => {
     for (const [name, env] of [["native", { copier: threaded }], ["script", {}]] as const) {
       const { config, server } = await datasetServer(dir, name, env);
@@ -83,16 +83,14 @@ Deno.test("a Deno server copying natively, large batches on threads, serves the 
       }
     }
   });
-  assert.equal(onThreads, 4 * 4);
+  assert.equal(threaded.calls.onThreads, 4 * 4);
   const [native, script] = bodies;
   for (let i = 0; i < native.length; i++) assert.ok(native[i].length > 0 && native[i].length === script[i].length && native[i].every((b, j) => b === script[i][j]), `batch ${i}`);
 });
 
 Deno.test("a group of small batches is copied by one nonblocking call into views of one buffer, as in JavaScript", async () => {
   const { assembleSamples, copyResidentRuns, takeResident } = await import("../../../src/batch/assemble-batch.ts");
-  const copier = loadDenoPieceCopier()!;
-  let onThreads = 0;
-  const threaded = { ...copier, threads: 4, copyOnThread: (...a: Parameters<typeof copier.copyOnThread>) => (onThreads++, copier.copyOnThread(...a)) };
+  const threaded = countingCopier(loadDenoPieceCopier()!);
   await withDatasetDir(async (dir) => {
     const { server } = await datasetServer(dir, "group", {});
     try {
@@ -105,7 +103,7 @@ Deno.test("a group of small batches is copied by one nonblocking call into views
       const buffer = new Uint8Array(5 * bytes).fill(0xee);
       const into = firsts.map((_, i) => buffer.subarray((4 - i) * bytes, (5 - i) * bytes)); // slots in reverse order
       const batches = await copyResidentRuns(threaded, reg, runs, into);
-      assert.equal(onThreads, 1);
+      assert.equal(threaded.calls.onThreads, 1);
       for (let i = 0; i < firsts.length; i++) assert.ok(batches[i].body.every((b, j) => b === want[i][j]), `run ${i}`);
       assert.ok(buffer.subarray(0, bytes).every((b) => b === 0xee));
     } finally {

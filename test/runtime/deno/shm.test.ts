@@ -12,6 +12,7 @@ import { withFd } from "../../../src/runtime/socket-fd.ts";
 import { createServer } from "../../../src/server.ts";
 import type { PieceCopier } from "../../../src/batch/piece-copier.ts";
 import { loadDenoPieceCopier } from "../../../src/runtime/native-gather-deno.ts";
+import { countingCopier } from "../../helpers/counting-copier.ts";
 
 /** A Deno server with the shm path (rings mapped) over a small token dataset; `fn` gets its URL and shm directory. */
 async function withDenoShmServer(env: { copier?: PieceCopier }, fn: (url: string, dir: string) => Promise<void>): Promise<void> {
@@ -87,19 +88,13 @@ Deno.test("serves batches over mapped rings with zero copies on the client, byte
 Deno.test("copies small batches a group of steps at a time on a thread (Deno's nonblocking FFI) into the mapped ring, byte-identical to HTTP", async () => {
   const native = loadDenoPieceCopier();
   assert.ok(native, "native/build/librackfeed.so did not load (scripts/build-native.mjs builds it)");
-  let onThreads = 0;
-  let onLoop = 0;
   // Four threads whatever this machine has: groups of steps go to a thread.
-  const copier: PieceCopier = {
-    ...native,
-    threads: 4,
-    copy: (...a) => (onLoop++, native.copy(...a)),
-    copyOnThread: (...a) => (onThreads++, native.copyOnThread(...a)),
-  };
+  const copier = countingCopier(native);
+  const calls = copier.calls;
   await withDenoShmServer({ copier }, async (url) => {
     const want = new Uint8Array(await (await fetch(`${url}/v1/datasets/t/samples?start=0&count=1496`)).arrayBuffer()); // every block in memory
     const per = (want.length / 1496) * 8; // micro-batch 8
-    onLoop = 0;
+    calls.onLoop = 0;
     const c = createClient({ url });
     let n = 0;
     for await (const b of c.batches("t", { rank: 0, world: 1, microBatch: 8, endStep: 187 })) {
@@ -109,7 +104,7 @@ Deno.test("copies small batches a group of steps at a time on a thread (Deno's n
     }
     await c.close();
     assert.equal(n, 187);
-    assert.ok(onThreads > 0 && onThreads + onLoop < 187 / 4, `${onThreads} calls on threads, ${onLoop} on the event loop for 187 steps`);
+    assert.ok(calls.onThreads > 0 && calls.onThreads + calls.onLoop < 187 / 4, `${calls.onThreads} calls on threads, ${calls.onLoop} on the event loop for 187 steps`);
   });
 });
 
