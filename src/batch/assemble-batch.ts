@@ -194,23 +194,36 @@ function computePlan(reg: RegisteredDataset, first: number, count: number, block
       }
     }
   }
-  return { segments: segmentScratch.slice(0, at), segmentCount: at / SEGMENT_STRIDE, blocks };
+  const plan: PlanWithKeys = { segments: segmentScratch.slice(0, at), segmentCount: at / SEGMENT_STRIDE, blocks, keysOf: undefined, keys: EMPTY_KEYS };
+  return plan;
 }
 
-const planKeys = new WeakMap<SamplePlan, { readonly cache: BlockCache; readonly keys: readonly string[] }>();
+/**
+ * A plan as made here: it carries its blocks' cache keys once asked (`blockKeys`). On the plan
+ * itself, not in a WeakMap beside it: a weak map entry per plan cost a lookup per use and an
+ * ephemeron for the GC to trace, a few per cent of a 64 KiB token batch's server time.
+ */
+interface PlanWithKeys extends SamplePlan {
+  /** The cache `keys` were made for (keys name a cache's block size and origins). */
+  keysOf: BlockCache | undefined;
+  keys: readonly string[];
+}
+
+const EMPTY_KEYS: readonly string[] = [];
 
 /**
  * The cache keys of a plan's blocks, in its order, made once per plan (and cache): read-ahead
  * and the batch then look its blocks up without finding a key per block each time.
  */
 export function blockKeys(cache: BlockCache, reg: RegisteredDataset, plan: SamplePlan): readonly string[] {
-  const known = planKeys.get(plan);
-  if (known !== undefined && known.cache === cache) return known.keys;
+  const p = plan as PlanWithKeys;
+  if (p.keysOf === cache) return p.keys;
   const keys = plan.blocks.map((packed) => {
     const f = reg.files[blockSource(packed)];
     return cache.keyOf(f.gw, f.binKey, f.bin, blockIndex(packed));
   });
-  planKeys.set(plan, { cache, keys });
+  p.keysOf = cache;
+  p.keys = keys;
   return keys;
 }
 

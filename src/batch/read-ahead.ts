@@ -60,7 +60,7 @@ interface Consumer {
   scheduled: Map<number, { keys: readonly string[]; due: number; bytes: number }>;
   /** Sum of `scheduled` bytes: the consumer's outstanding window. */
   windowBytes: number;
-  /** For each block key of `scheduled`, the dues of the steps that need it, in step order. */
+  /** For each block key of `scheduled`, the dues of the steps that need it, in step order (kept once Belady eviction asks). */
   dues: Map<string, number[]>;
   /** Steps skipped on the way to `step` and not served yet (at most `OWED_STEPS`). */
   owed: number[];
@@ -75,8 +75,6 @@ const STALE_AFTER_MS = 2000;
  * may be gigabytes, and stay alive after the dataset is replaced) and costs every `/metrics`.
  */
 export const IDLE_CONSUMER_MS = 10 * 60_000;
-/** Next-use entries kept before stale ones are swept. */
-const NEXT_USE_PRUNE_AT = 100_000;
 /**
  * Steps skipped by a consumer's move forward that are remembered as owed (at most this many). A
  * client with several requests in flight (the SDK's prefetch, HTTP/2 streams) has its steps
@@ -104,9 +102,19 @@ export class ReadAhead {
   readonly #opts: ReadAheadOptions;
   /** Map order is recency order, so the first entry is the consumer seen longest ago. */
   readonly #consumers = new Map<string, Consumer>();
-  /** Block cache key → when (ms, `now()` clock) a consumer is expected to need it next. */
-  readonly #nextUse = new Map<string, number>();
+  /** Block cache key → the consumers whose windows need it (each has it in its `dues`). */
+  readonly #holders = new Map<string, Consumer[]>();
+  /**
+   * Whether the consumers' `dues` and `#holders` are kept: from the first `nextUse` question on.
+   * Only Belady eviction asks, and only once the memory tier is full, so a tier that holds the
+   * datasets (or evicts by LRU) never pays this bookkeeping: map updates per block of every
+   * step, a tenth of a warm 64 KiB token batch's server time.
+   */
+  #tracking = false;
   #blocksWarmed = 0;
+  /** The last consumer seen and its id: the shm path passes one key object for all its steps. */
+  #lastKey: ConsumerKey | undefined;
+  #lastId = "";
 
   /** @param opts cache, clock and bounds */
   constructor(opts: ReadAheadOptions) {
@@ -115,14 +123,22 @@ export class ReadAhead {
 
   /**
    * When block `key` (a `BlockCache.keyOf`) is next needed by a known schedule, in ms of the
-   * injected clock; `Infinity` when no schedule references it (or its time has long passed).
-   * The memory tier's Belady eviction asks this.
+   * injected clock: the earliest step still scheduled that needs it, over every consumer;
+   * `Infinity` when none does (or their times have long passed). The memory tier's Belady
+   * eviction asks this.
    */
   nextUse(key: string): number {
-    const t = this.#nextUse.get(key);
-    if (t === undefined) return Infinity;
+    if (!this.#tracking) this.#startTracking();
+    const holders = this.#holders.get(key);
+    if (holders === undefined) return Infinity;
     // A late consumer still needs its scheduled blocks; one that stopped long ago does not.
-    return t < this.#opts.now() - STALE_AFTER_MS ? Infinity : t;
+    const since = this.#opts.now() - STALE_AFTER_MS;
+    let next = Infinity;
+    for (const c of holders) {
+      const t = c.dues.get(key)![0];
+      if (t >= since && t < next) next = t;
+    }
+    return next;
   }
 
   /** Blocks whose fills read-ahead started, since start. */
@@ -136,7 +152,11 @@ export class ReadAhead {
    */
   observe(reg: RegisteredDataset, consumer: ConsumerKey, step: number): void {
     if (this.#opts.budgetSeconds <= 0) return;
-    const id = `${consumer.dataset}\n${consumer.rank}\n${consumer.world}\n${consumer.microBatch}`;
+    if (consumer !== this.#lastKey) {
+      this.#lastKey = consumer;
+      this.#lastId = `${consumer.dataset}\n${consumer.rank}\n${consumer.world}\n${consumer.microBatch}`;
+    }
+    const id = this.#lastId;
     const now = this.#opts.now();
     let c = this.#consumers.get(id);
     if (c) {
@@ -217,7 +237,6 @@ export class ReadAhead {
     const now = this.#opts.now();
     // Until the step time is known, order future steps 1 ms apart: only their order matters.
     const stepMs = c.stepSeconds > 0 ? c.stepSeconds * 1000 : 1;
-    this.#pruneNextUse(now);
     // The window (steps scheduled and not yet served) stays within the byte cap, so look-ahead
     // never evicts its own blocks from the memory tier.
     for (let s = c.warmedThrough + 1; s <= target && c.windowBytes < maxBytesPerConsumer; s++) {
@@ -225,13 +244,9 @@ export class ReadAhead {
       const plan = planSamples(c.reg, first, c.key.microBatch, blockBytes);
       const due = now + (s - c.step) * stepMs;
       const keys = blockKeys(cache, c.reg, plan);
+      if (this.#tracking) this.#schedule(c, keys, due);
       for (let pos = 0; pos < keys.length; pos++) {
         const k = keys[pos];
-        const queue = c.dues.get(k);
-        if (queue) queue.push(due);
-        else c.dues.set(k, [due]);
-        const known = this.#nextUse.get(k);
-        if (known === undefined || known < now || due < known) this.#nextUse.set(k, due);
         const packed = plan.blocks[pos];
         const f = c.reg.files[blockSource(packed)];
         if (cache.warm(f.gw, f.binKey, f.bin, blockIndex(packed), k)) this.#blocksWarmed++;
@@ -241,6 +256,31 @@ export class ReadAhead {
       c.windowBytes += bytes;
       c.warmedThrough = s;
     }
+  }
+
+  /** Records that consumer `c` needs blocks `keys` at `due` (a step after those it has scheduled). */
+  #schedule(c: Consumer, keys: readonly string[], due: number): void {
+    for (let pos = 0; pos < keys.length; pos++) {
+      const k = keys[pos];
+      const queue = c.dues.get(k);
+      if (queue) {
+        queue.push(due);
+        continue;
+      }
+      c.dues.set(k, [due]);
+      const holders = this.#holders.get(k);
+      if (holders) holders.push(c);
+      else this.#holders.set(k, [c]);
+    }
+  }
+
+  /**
+   * Starts keeping dues: from every consumer's window as it stands, in step order (as `#warm`
+   * would have recorded them), then step by step.
+   */
+  #startTracking(): void {
+    this.#tracking = true;
+    for (const c of this.#consumers.values()) for (const entry of c.scheduled.values()) this.#schedule(c, entry.keys, entry.due);
   }
 
   /**
@@ -254,22 +294,19 @@ export class ReadAhead {
       if (s > through) break;
       c.windowBytes -= entry.bytes;
       c.scheduled.delete(s);
+      if (!this.#tracking) continue;
       for (const k of entry.keys) {
         const queue = c.dues.get(k)!;
         queue.shift(); // this step's due
-        if (queue.length === 0) c.dues.delete(k);
-        if (this.#nextUse.get(k) !== entry.due) continue; // another consumer's (earlier) use
-        // A block shared with a later scheduled step of this consumer stays protected until then.
-        if (queue.length === 0) this.#nextUse.delete(k);
-        else this.#nextUse.set(k, queue[0]);
+        // A block shared with a later scheduled step of this consumer stays protected until then,
+        // and one another consumer needs, until that consumer's step.
+        if (queue.length > 0) continue;
+        c.dues.delete(k);
+        const holders = this.#holders.get(k)!;
+        if (holders.length === 1) this.#holders.delete(k);
+        else holders.splice(holders.indexOf(c), 1);
       }
     }
-  }
-
-  /** Keeps the next-use map bounded: drops entries whose time has passed. */
-  #pruneNextUse(now: number): void {
-    if (this.#nextUse.size < NEXT_USE_PRUNE_AT) return;
-    for (const [k, t] of this.#nextUse) if (t < now - STALE_AFTER_MS) this.#nextUse.delete(k);
   }
 
   #lastStep(c: Consumer): number {

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { IDLE_CONSUMER_MS } from "../../src/batch/read-ahead.ts";
+import { blockKeys, planSamples } from "../../src/batch/assemble-batch.ts";
+import { type ConsumerKey, IDLE_CONSUMER_MS, ReadAhead, stepSamples } from "../../src/batch/read-ahead.ts";
 import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { syntheticDataset } from "../helpers/token-data.ts";
 
@@ -230,6 +231,85 @@ describe("schedule-aware read-ahead", () => {
       const next = await fetch(`${rf.url}/v1/datasets/big/batches/151?rank=1&world=2&micro_batch=8`);
       await next.arrayBuffer();
       expect(next.headers.get("x-rackfeed-cache")).not.toBe("miss");
+    });
+  });
+
+  it("keeps no next uses until Belady eviction first asks, then answers as if it had kept them all along", async () => {
+    await withServer([], async (rf) => {
+      const reg = await rf.server.datasets.get("big");
+      const cache = rf.server.cache;
+      let t = 1000;
+      const make = () => new ReadAhead({ cache, now: () => t, budgetSeconds: 2, maxSteps: 6, maxBytesPerConsumer: 2 ** 30, maxConsumers: 16 });
+      const eager = make();
+      const lazy = make();
+      expect(eager.nextUse("no such block")).toBe(Infinity); // the first question starts its bookkeeping
+      const a: ConsumerKey = { dataset: "big", rank: 0, world: 2, microBatch: 8 };
+      const b: ConsumerKey = { dataset: "big", rank: 1, world: 2, microBatch: 8 };
+      // Two consumers a step per ms, one straggler, one jump back (a resume), a second key object for `a`.
+      const served: [ConsumerKey, number][] = [];
+      for (let s = 0; s < 12; s++) served.push([a, s], [b, s]);
+      served.push([a, 13], [a, 12], [b, 3], [{ ...a }, 14], [b, 4], [b, 5]);
+      for (const [c, step] of served) {
+        t += 1;
+        eager.observe(reg, c, step);
+        lazy.observe(reg, c, step);
+      }
+      const keysOf = (c: ConsumerKey, step: number) => blockKeys(cache, reg, planSamples(reg, stepSamples(step, c.rank, c.world, c.microBatch), c.microBatch, cache.blockBytes));
+      const all = new Set<string>();
+      for (let s = 0; s < 24; s++) for (const k of [...keysOf(a, s), ...keysOf(b, s)]) all.add(k);
+      const answers = (ra: ReadAhead) => [...all].map((k) => ra.nextUse(k));
+      const want = answers(eager);
+      expect(answers(lazy)).toEqual(want);
+      // Not vacuous: the steps ahead of each consumer are protected, a step only served long ago is not.
+      for (const k of keysOf(a, 15)) expect(lazy.nextUse(k)).toBeLessThan(Infinity);
+      for (const k of keysOf(b, 6)) expect(lazy.nextUse(k)).toBeLessThan(Infinity);
+      expect(want.filter((v) => v === Infinity).length).toBeGreaterThan(0);
+      // From the first question on, the lazy one keeps them step by step too.
+      for (let s = 15; s < 20; s++) {
+        t += 1;
+        eager.observe(reg, a, s);
+        lazy.observe(reg, a, s);
+      }
+      expect(answers(lazy)).toEqual(answers(eager));
+    });
+  });
+
+  it("keeps a block protected for a consumer that needs it after another consumer has served its own step with it", async () => {
+    await withServer([], async (rf) => {
+      const reg = await rf.server.datasets.get("big");
+      const cache = rf.server.cache;
+      let t = 1000;
+      const ra = new ReadAhead({ cache, now: () => t, budgetSeconds: 2, maxSteps: 6, maxBytesPerConsumer: 2 ** 30, maxConsumers: 16 });
+      ra.nextUse("no such block"); // bookkeeping from the start
+      // Two trainers reading the same samples (two jobs on one dataset), one 3 steps behind.
+      const ahead: ConsumerKey = { dataset: "big", rank: 0, world: 1, microBatch: 8 };
+      const behind: ConsumerKey = { dataset: "big-second-job", rank: 0, world: 1, microBatch: 8 };
+      for (let s = 0; s < 3; s++) {
+        t += 1;
+        ra.observe(reg, ahead, s);
+      }
+      for (let s = 0; s < 3; s++) {
+        t += 1;
+        ra.observe(reg, ahead, s + 3);
+        ra.observe(reg, behind, s);
+      }
+      // Step 4's blocks: served to the first trainer already, due for the second at its step 4.
+      const keys = blockKeys(cache, reg, planSamples(reg, stepSamples(4, 0, 1, 8), 8, cache.blockBytes));
+      for (let s = 6; s < 9; s++) {
+        t += 1;
+        ra.observe(reg, ahead, s);
+      }
+      for (const k of keys) expect(ra.nextUse(k)).toBeLessThan(Infinity);
+      for (let s = 3; s < 12; s++) {
+        t += 1;
+        ra.observe(reg, behind, s);
+        ra.observe(reg, ahead, s + 6);
+      }
+      // Served to both now, and behind both windows (steps 12-23): no longer needed unless a later step shares it.
+      const old = blockKeys(cache, reg, planSamples(reg, stepSamples(4, 0, 1, 8), 8, cache.blockBytes));
+      const later = new Set<string>();
+      for (let s = 12; s < 24; s++) for (const k of blockKeys(cache, reg, planSamples(reg, stepSamples(s, 0, 1, 8), 8, cache.blockBytes))) later.add(k);
+      for (const k of old) if (!later.has(k)) expect(ra.nextUse(k)).toBe(Infinity);
     });
   });
 });
