@@ -11,13 +11,16 @@
 # Knobs (environment): ROUNDS=3 (interleaved rounds), PASSES=20 (timed passes of 1500 steps per
 # run, each a new consumer), RUNTIME=node|deno (the server's), SERVER_FLAGS="" (more serve flags,
 # e.g. "--native-gather-threads 4" for groups of steps copied on a thread).
-# Needs the uint16 dataset of bench/datasets/warm-batches.ts (run that once first).
+# Needs the uint16 dataset and plan of bench/datasets/warm-batches.ts (run that once first), and
+# python3-numpy: each round starts with the baseline, numpy's memmap gather of the same batches
+# (bench/datasets/numpy_gather.py, 2 timed passes, alone on the box).
 #
 # Per run: a fresh server on this dataset, warmed (every step over HTTP, then an untimed pass of
 # the SDK's shm client, bench/shm/client.ts on Deno); then the main thread's CPU time
 # (/proc/PID/task/PID/stat, user + system) over PASSES passes, divided by the batches served. One
-# line per run: checkout, batches/s the client saw, server event loop µs per batch, whole server
-# process µs per batch (its copy threads included).
+# line per run: checkout, batches/s the client saw, server event loop µs per batch, the rate that
+# alone allows over the round's numpy figure (the bound where client, copy threads and numpy have
+# cores of their own), whole server process µs per batch (its copy threads included).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 OTHER=${1:-}
@@ -28,10 +31,12 @@ RUNTIME=${RUNTIME:-node}
 STEPS=1500
 PORT=18557
 ADMIN=event-loop-ab-admin-token-0123456789
-if [ ! -f "$DATA/u16.bin" ]; then
-  echo "No $DATA/u16.bin: run 'node --import tsx bench/datasets/warm-batches.ts' once first (it writes the dataset)" >&2
+PLAN=$HERE/bench/.out/datasets/u16.plan
+if [ ! -f "$DATA/u16.bin" ] || [ ! -f "$PLAN" ]; then
+  echo "No $DATA/u16.bin or $PLAN: run 'node --import tsx bench/datasets/warm-batches.ts' once first (it writes both)" >&2
   exit 2
 fi
+NUMPY=0
 if [ -n "$OTHER" ]; then
   OTHER=$(cd "$OTHER" && pwd)
   [ -e "$OTHER/node_modules" ] || ln -s "$HERE/node_modules" "$OTHER/node_modules"
@@ -77,16 +82,24 @@ run_one() { # $1 = checkout
   SERVER=
   # The client's first pass is untimed: it is served too.
   node -e '
-    const [line, m, p, tick, steps, name] = process.argv.slice(1);
+    const [line, m, p, tick, steps, name, numpy] = process.argv.slice(1);
     const j = JSON.parse(line);
     const served = j.batches + Number(steps);
-    const us = (t) => ((Number(t) / Number(tick)) * 1e6 / served).toFixed(1);
-    console.log(`${name.padEnd(24)} ${(j.batches / j.seconds).toFixed(0).padStart(6)} batches/s   event loop ${us(m).padStart(5)} µs/batch   process ${us(p).padStart(5)} µs/batch`);
-  ' "$line" $((m1 - m0)) $((p1 - p0)) "$TICK" $STEPS "$(basename "$root")"
+    const us = (t) => (Number(t) / Number(tick)) * 1e6 / served;
+    const bound = 1e6 / us(m) / Number(numpy);
+    console.log(`${name.padEnd(24)} ${(j.batches / j.seconds).toFixed(0).padStart(6)} batches/s   event loop ${us(m).toFixed(1).padStart(5)} µs/batch (bound ${bound.toFixed(2)}× numpy)   process ${us(p).toFixed(1).padStart(5)} µs/batch`);
+  ' "$line" $((m1 - m0)) $((p1 - p0)) "$TICK" $STEPS "$(basename "$root")" "$NUMPY"
 }
 
 echo "event-loop-ab: $RUNTIME server ${SERVER_FLAGS:-}, $ROUNDS rounds × $PASSES passes of $STEPS steps, $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC')"
+numpy_round() {
+  python3 "$HERE/bench/datasets/numpy_gather.py" "$DATA/u16.bin" uint16 "$PLAN" $STEPS 8 4097 2 "$WORK/numpy.json" > /dev/null
+  NUMPY=$(node -e 'const j = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")); console.log((j.batches / j.seconds).toFixed(0))' "$WORK/numpy.json")
+  echo "numpy memmap gather (baseline)  $NUMPY batches/s"
+}
+
 for _ in $(seq 1 "$ROUNDS"); do
+  numpy_round
   [ -n "$OTHER" ] && run_one "$OTHER"
   run_one "$HERE"
 done
