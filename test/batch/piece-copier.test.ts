@@ -253,19 +253,10 @@ describe("native gather into shared-memory rings", () => {
   });
 
   it("fills an unmapped ring (pwrite) one step at a time: its slots share one scratch buffer", async () => {
-    let inFlight = 0;
-    let most = 0;
-    const counting: PieceCopier = {
-      ...copier,
-      threads: 4,
-      copyOnThread: (...a) => {
-        most = Math.max(most, ++inFlight);
-        return copier.copyOnThread(...a).finally(() => inFlight--);
-      },
-    };
+    const counting = countingCopier(copier);
     await withShmServer({ mapped: false, env: { copier: counting } }, async (server, reg) => {
       expect(await readStepsOverShm(server, reg, 0, 5)).toBe(5);
-      expect(most).toBe(4); // one step's slices at a time
+      expect(counting.calls.mostInFlight).toBe(4); // one step's slices at a time
     });
   });
 
