@@ -6,7 +6,7 @@ import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
 /** One dataset name per test (the same data): the telemetry metrics are labelled by dataset, so no test sees another's. */
-const NAMES = ["fails", "close", "every", "negative"];
+const NAMES = ["fails", "close", "every", "negative", "interval"];
 let ws: Workspace;
 let rf: RunningServer;
 
@@ -66,6 +66,31 @@ describe("RackfeedClient telemetry", () => {
       expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "close" })).toBe(before + 16);
       expect(proxy.counts.faults.delay).toBeGreaterThanOrEqual(2); // sent in more than one report
     });
+  });
+
+  it("sends at most one report per reportIntervalMs while steps come faster, and every step's t_wait still arrives", async () => {
+    for (const [name, reportIntervalMs, reports] of [["interval", 3_600_000, 2], ["every", 0, 10]] as const) {
+      let sent = 0;
+      await withProxy((_n, req) => {
+        if (req.url === "/v1/telemetry") sent++;
+        return pass;
+      }, async (proxy) => {
+        const c = new RackfeedClient({ url: proxy.url, reportEvery: 4, reportIntervalMs });
+        const waits = () => rf.metric("rackfeed_t_wait_seconds_count", { dataset: name });
+        const before = await waits();
+        for await (const _ of c.batches(name, { rank: 0, world: 1, microBatch: 4, endStep: 40 })) { /* as fast as it comes */ }
+        await c.close();
+        expect(await waits()).toBe(before + 40);
+        // The first report goes out after 4 steps; then one per interval (none within the hour), and the rest at the end.
+        if (reportIntervalMs > 0) expect(sent).toBe(reports);
+        else expect(sent).toBeGreaterThanOrEqual(reports);
+      });
+    }
+  });
+
+  it("refuses a reportEvery below 1 or a fractional reportIntervalMs in the constructor", () => {
+    expect(() => new RackfeedClient({ url: rf.url, reportEvery: 0 })).toThrow(/Invalid reportEvery: 0; expected an integer from 1/);
+    expect(() => new RackfeedClient({ url: rf.url, reportIntervalMs: 0.5 })).toThrow(/Invalid reportIntervalMs: 0.5/);
   });
 
   it("with reportEvery 1, counts every step in rackfeed_steps_total (a step travels in one report)", async () => {

@@ -2,6 +2,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
+import { MAX_QUEUED_STEPS } from "../../src/client/client.ts";
 import { createClient, http2Fetch } from "../../src/client/node.ts";
 import { expectSameBytes, freePort, makeWorkspace, patternBytes, readMetric, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { selfSignedCert } from "../helpers/tls.ts";
@@ -62,12 +63,18 @@ describe("RackfeedClient", () => {
     expect(await rf.metric("rackfeed_steps_total", { dataset: "d", healthy: "false" })).toBeGreaterThanOrEqual(3);
   });
 
-  it("splits a queue of more steps than one report may carry (25 000 with a large reportEvery) into several reports", async () => {
-    const c = new RackfeedClient({ url: rf.url, reportEvery: 1_000_000 });
+  it("queues at most MAX_QUEUED_STEPS steps, reporting them at once whatever reportEvery and reportIntervalMs say, and loses none of 25 000", async () => {
+    const c = new RackfeedClient({ url: rf.url, reportEvery: 1_000_000, reportIntervalMs: 3_600_000 });
     const consumer = { dataset: "d", rank: 0, world: 1, microBatch: 3 };
     const before = await rf.metric("rackfeed_t_h2d_seconds_count", { dataset: "d" });
-    for (let step = 0; step < 25_000; step++) c.reportStep(step, { t_h2d: 0.002 }, consumer);
+    let most = 0;
+    for (let step = 0; step < 25_000; step++) {
+      c.reportStep(step, { t_h2d: 0.002 }, consumer);
+      most = Math.max(most, c.queuedSteps);
+    }
+    expect(most).toBe(MAX_QUEUED_STEPS - 1);
     await c.close();
+    expect(c.queuedSteps).toBe(0);
     expect(await rf.metric("rackfeed_t_h2d_seconds_count", { dataset: "d" })).toBe(before + 25_000);
   });
 

@@ -154,6 +154,22 @@ describe("shared-memory fast path", () => {
     }
   });
 
+  it("reads batches by socket path alone (no URL), the same bytes as HTTP, keeping no timings it has nowhere to report", async () => {
+    const { socket } = (await (await fetch(`${rf.url}/v1/shm`)).json()) as { socket: string };
+    const c = new RackfeedClient({ socket, local: localTransport() });
+    const seen: number[] = [];
+    for await (const b of c.batches("d", { rank: 1, world: 2, microBatch: 3, startStep: 7, endStep: 107 })) {
+      seen.push(b.step);
+      expect(b.transport).toBe("shm");
+      expectSameBytes(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength), await httpSamples(rf.url, b.firstSample, 3), `step ${b.step}`);
+      c.reportStep(b.step, { t_h2d: 0.001, t_compute: 0.01 });
+    }
+    expect(seen).toEqual(Array.from({ length: 100 }, (_, i) => 7 + i));
+    // Without a URL there is no /v1/telemetry: a client that queued them would grow by a step per batch.
+    expect(c.queuedSteps).toBe(0);
+    await c.close();
+  });
+
   it("gives a slow consumer backpressure: the server fills no more slots than the ring holds, and drops nothing", async () => {
     const c = new RackfeedClient({ url: rf.url, local: localTransport() });
     const before = await rf.metric("rackfeed_served_bytes_total", { transport: "shm" });
