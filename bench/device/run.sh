@@ -5,6 +5,7 @@
 # run. Unpacks .devkit/ (bench/device/make-kit.sh) first.
 # Run there from the repo root: bash bench/device/run.sh [gpu] [transport] [bare] [wrk] [warm]  (default: all)
 #   transport-js, warm-js: the same with --native-gather off (batches copied in JavaScript), for an A/B.
+#   client: the SDK's own CPU per shm batch (bench/shm/client-cost.ts, both runtimes; after warm, beside numpy).
 #   warm-2t: warm with --native-gather-threads 2 (each token batch copied on the event loop, no
 #   groups of steps on a copy thread), for an A/B of the group copy.
 #   Carry native/build too (the device tool's carry), or the servers copy in JavaScript where no cc is there.
@@ -56,6 +57,7 @@ for p in "${parts[@]}"; do
     wrk) part wrk "${BENCH_WRK_SECONDS:-90}" bash bench/datasets/wrk-batches.sh ;;
     warm-2t) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} BENCH_EXTRA_FLAGS="--native-gather-threads 2" part warm-2t "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
     warm) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} part warm "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
-    *) echo "unknown part $p (gpu|transport|transport-js|bare|wrk|warm|warm-js|warm-2t)" >&2; exit 2 ;;
+    client) part client-node 60 node --import tsx bench/shm/client-cost.ts; part client-deno 60 node_modules/deno/deno run -A bench/shm/client-cost.ts ;;
+    *) echo "unknown part $p (gpu|transport|transport-js|bare|wrk|warm|warm-js|warm-2t|client)" >&2; exit 2 ;;
   esac
 done
