@@ -8,10 +8,10 @@
 import {
   type ClientMessage,
   decodeRingHeader,
-  concatFrames,
   decodeSlotHeader,
   encodeFrame,
   FrameDecoder,
+  FrameOutbox,
   RING_HEADER_BYTES,
   SHM_PROTOCOL_VERSION,
   SLOT_HEADER_BYTES,
@@ -186,12 +186,10 @@ export async function* shmBatches(
     };
     const copy = ring.mapped ? undefined : new Uint8Array(layout.slotBytes);
     // Releases go out a group at a time (and whenever we are about to block), not one write per batch.
-    const outbox: Uint8Array[] = [];
     const group = Math.max(1, layout.slots >> 2);
+    const outbox = new FrameOutbox(64 * (group + 1));
     const flush = () => {
-      if (outbox.length === 0) return;
-      socket.write(outbox.length === 1 ? outbox[0] : concatFrames(outbox));
-      outbox.length = 0;
+      if (outbox.frames > 0) socket.write(outbox.take());
     };
     for (let step = c.startStep;; step++) {
       if (ended && step >= endStep) return;
@@ -238,8 +236,8 @@ export async function* shmBatches(
         ring.read(at, bytes);
       }
       yield { step, firstSample: h.firstSample, bytes, dtype: String(r.dtype), shape, cache: h.cache };
-      outbox.push(encodeFrame({ t: "release", slot, generation }));
-      if (outbox.length >= group) flush();
+      outbox.pushRelease(slot, generation);
+      if (outbox.frames >= group) flush();
     }
   } finally {
     // Close the socket first: the server stops writing and removes the ring; closing the reader

@@ -212,6 +212,86 @@ export function concatFrames(frames: readonly Uint8Array[]): Uint8Array {
   return out;
 }
 
+/** The msgpack body of a `release` frame up to the slot's value: map of 3, "t": "release", "slot". */
+const RELEASE_HEAD = [0x83, 0xa1, 0x74, 0xa7, ...new TextEncoder().encode("release"), 0xa4, ...new TextEncoder().encode("slot")];
+/** Between the slot's value and the generation's: the key "generation". */
+const RELEASE_MID = [0xaa, ...new TextEncoder().encode("generation")];
+/** A `release` frame's body: the head, a float64 (0xcb + 8 bytes), the key, a float64. */
+const RELEASE_BODY_BYTES = RELEASE_HEAD.length + 9 + RELEASE_MID.length + 9;
+
+/**
+ * Frames queued for one socket write. A client sends a `release` per batch: those are written
+ * straight into the queue as msgpack by hand (numbers as float64, which msgpack readers decode
+ * to the same values), because `encodeFrame` per release (msgpackr's `pack`, then a buffer per
+ * frame) was a quarter of the SDK's CPU per shm batch on Node (`bench/shm/client-cost.ts`).
+ * Other messages come in through `encodeFrame`.
+ */
+export class FrameOutbox {
+  #buf: Uint8Array;
+  #view: DataView;
+  #len = 0;
+  #frames = 0;
+
+  /** @param bytes the first buffer's size (it grows as needed) */
+  constructor(bytes = 1024) {
+    this.#buf = new Uint8Array(bytes);
+    this.#view = new DataView(this.#buf.buffer);
+  }
+
+  /** Frames queued. */
+  get frames(): number {
+    return this.#frames;
+  }
+
+  /** Queues `{t: "release", slot, generation}`. */
+  pushRelease(slot: number, generation: number): void {
+    this.#reserve(4 + RELEASE_BODY_BYTES);
+    const b = this.#buf;
+    const v = this.#view;
+    let at = this.#len;
+    v.setUint32(at, RELEASE_BODY_BYTES, false);
+    at += 4;
+    for (let i = 0; i < RELEASE_HEAD.length; i++) b[at++] = RELEASE_HEAD[i];
+    b[at++] = 0xcb;
+    v.setFloat64(at, slot, false);
+    at += 8;
+    for (let i = 0; i < RELEASE_MID.length; i++) b[at++] = RELEASE_MID[i];
+    b[at++] = 0xcb;
+    v.setFloat64(at, generation, false);
+    this.#len = at + 8;
+    this.#frames++;
+  }
+
+  /** Queues a frame made by `encodeFrame`. */
+  push(frame: Uint8Array): void {
+    this.#reserve(frame.length);
+    this.#buf.set(frame, this.#len);
+    this.#len += frame.length;
+    this.#frames++;
+  }
+
+  /**
+   * The queued frames as one buffer, handed over: the next frames go to a new buffer, since a
+   * socket may hold on to this one until the kernel takes it.
+   */
+  take(): Uint8Array {
+    const out = this.#buf.subarray(0, this.#len);
+    this.#buf = new Uint8Array(this.#buf.length);
+    this.#view = new DataView(this.#buf.buffer);
+    this.#len = 0;
+    this.#frames = 0;
+    return out;
+  }
+
+  #reserve(bytes: number): void {
+    if (this.#len + bytes <= this.#buf.length) return;
+    const bigger = new Uint8Array(Math.max(this.#len + bytes, this.#buf.length * 2));
+    bigger.set(this.#buf.subarray(0, this.#len), 0);
+    this.#buf = bigger;
+    this.#view = new DataView(bigger.buffer);
+  }
+}
+
 /** A malformed frame, a message out of order, or a ring that does not match what was announced. */
 export class ShmProtocolError extends Error {
   constructor(message: string) {

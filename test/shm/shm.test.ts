@@ -18,6 +18,7 @@ import {
   decodeSlotHeader,
   encodeFrame,
   FrameDecoder,
+  FrameOutbox,
   MAX_RING_SLOTS,
   RING_HEADER_BYTES,
   ringLayout,
@@ -717,5 +718,31 @@ describe("FrameDecoder", () => {
     reused.fill(0xee);
     reused.set(stream.subarray(10), 0);
     expect(d.push(reused.subarray(0, stream.length - 10))).toEqual(msgs);
+  });
+});
+
+describe("FrameOutbox", () => {
+  it("writes release frames by hand that decode to the messages encodeFrame's do, among other frames, across growth", () => {
+    const msgs: Record<string, unknown>[] = [];
+    const box = new FrameOutbox(16); // smaller than one frame: it must grow
+    const generations = [1, 2, 255, 256, 65_536, 2 ** 32 + 5, Number.MAX_SAFE_INTEGER];
+    for (const [i, generation] of generations.entries()) {
+      const slot = (i * 17) % MAX_RING_SLOTS;
+      box.pushRelease(slot, generation);
+      msgs.push({ t: "release", slot, generation });
+      if (i % 3 === 0) {
+        box.push(encodeFrame({ t: "wait", step: generation }));
+        msgs.push({ t: "wait", step: generation });
+      }
+    }
+    expect(box.frames).toBe(msgs.length);
+    const first = box.take();
+    expect(new FrameDecoder().push(first)).toEqual(msgs);
+    // Handed over: what is queued next goes to another buffer, so a socket still holding the first reads it unchanged.
+    const copy = first.slice();
+    box.pushRelease(0, 99);
+    expect(box.frames).toBe(1);
+    expect(first).toEqual(copy);
+    expect(new FrameDecoder().push(box.take())).toEqual([{ t: "release", slot: 0, generation: 99 }]);
   });
 });
