@@ -387,7 +387,7 @@ export class RackfeedClient {
             step = r.value.step + 1;
             yield { ...slotTokens(r.value), step: r.value.step, waitSeconds, transport: "shm" };
             waitFrom = this.#now();
-            this.#autoFlush(id);
+            this.#autoFlush(id, waitFrom);
           }
         } catch (e) {
           if (signal.aborted) throw signal.reason;
@@ -426,7 +426,7 @@ export class RackfeedClient {
         this.#record(id, { step, t_wait: waitSeconds });
         yield { ...b, step, waitSeconds, transport: "http" };
         waitFrom = this.#now();
-        this.#autoFlush(id);
+        this.#autoFlush(id, waitFrom);
       }
       // Never on the data path: a report that fails must not fail (or hold) the iteration; close() waits for it.
       this.#background(this.flush());
@@ -542,12 +542,12 @@ export class RackfeedClient {
 
   /**
    * Sends when enough steps are queued and the last report is old enough, or the queue is full;
-   * fire and forget (telemetry must never stall the data path).
+   * fire and forget (telemetry must never stall the data path). `now`: the caller's clock reading, if it has one.
    */
-  #autoFlush(id: string): void {
+  #autoFlush(id: string, now?: number): void {
     const p = this.#pending.get(id)!;
     const n = p.steps.size;
-    if (n >= MAX_QUEUED_STEPS || (n >= this.#reportEvery && this.#now() - p.sentAt >= this.#reportIntervalMs)) {
+    if (n >= MAX_QUEUED_STEPS || (n >= this.#reportEvery && (now ?? this.#now()) - p.sentAt >= this.#reportIntervalMs)) {
       this.#background(this.#send(id));
     }
   }
@@ -587,7 +587,8 @@ export class RackfeedClient {
   #record(id: string, t: StepTimings): void {
     if (this.#url === undefined) return; // a socket-only client has nowhere to report: keep nothing
     const p = this.#pending.get(id)!;
-    p.steps.set(t.step, { ...p.steps.get(t.step), ...t });
+    const had = p.steps.get(t.step);
+    p.steps.set(t.step, had ? { ...had, ...t } : t);
   }
 
   async #tokens(path: string, signal?: AbortSignal): Promise<TokenBatch> {
