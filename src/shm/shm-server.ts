@@ -247,10 +247,11 @@ class ShmConnection {
   /** Steps published so far, from `startStep`: `[startStep, #published)`. */
   #published = 0;
   /**
-   * `notify: "wait"`: steps the client asked to hear of and that are not published yet, each
-   * answered once (the SDK waits for one at a time; another client may ask for several).
+   * `notify: "wait"`: steps the client asked to hear of and that are not published yet, with how
+   * many `wait`s asked for each: each is answered (the SDK waits for one step at a time, once;
+   * another client may ask for several steps, or ask again).
    */
-  readonly #waitingFor = new Set<number>();
+  readonly #waitingFor = new Map<number, number>();
   /** Batch notices not written yet (`notify: "all"`): sent together, one write for several. */
   #pending: Uint8Array[] = [];
   #pendingTimer: ReturnType<typeof setTimeout> | undefined;
@@ -370,8 +371,10 @@ class ShmConnection {
     if (round.notify === "wait") {
       this.#notices.set(m.step, m);
       this.#notices.delete(m.step - round.slots);
-      if (this.#waitingFor.delete(m.step)) {
-        this.#send(m);
+      const waits = this.#waitingFor.get(m.step);
+      if (waits !== undefined) {
+        this.#waitingFor.delete(m.step);
+        for (let i = 0; i < waits; i++) this.#send(m);
       }
       return;
     }
@@ -536,7 +539,7 @@ class ShmConnection {
       if (step >= next + round.slots) {
         throw new ShmProtocolError(`Wait for step ${step}: the next step published is ${next}, and the ring holds ${round.slots} steps ahead`);
       }
-      this.#waitingFor.add(step);
+      this.#waitingFor.set(step, (this.#waitingFor.get(step) ?? 0) + 1);
     }
   }
 

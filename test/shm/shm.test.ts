@@ -248,7 +248,7 @@ describe("shared-memory fast path", () => {
     }
   });
 
-  it("answers each of several waits outstanding at once (another language's client may send them), and refuses one beyond the ring", async () => {
+  it("answers each of several waits outstanding at once, one for the same step included (another language's client may send them), and refuses one beyond the ring", async () => {
     const { s, next } = await greeted();
     try {
       s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 0, endStep: 150, notify: "wait" }));
@@ -256,10 +256,12 @@ describe("shared-memory fast path", () => {
       s.write(encodeFrame({ t: "wait", step: slots - 1 }));
       expect(await next()).toMatchObject({ t: "batch", step: slots - 1 }); // the ring is full: steps 0 .. slots-1
       s.write(encodeFrame({ t: "wait", step: slots }));
+      s.write(encodeFrame({ t: "wait", step: slots })); // asked twice: answered twice, as a published step's waits are
       s.write(encodeFrame({ t: "wait", step: slots + 1 }));
       // Generations count steps from the start (step s of this round: s + 1).
       s.write(encodeFrame({ t: "release", slot: 0, generation: 1 }));
       s.write(encodeFrame({ t: "release", slot: 1, generation: 2 }));
+      expect(await next()).toMatchObject({ t: "batch", step: slots, slot: 0, generation: slots + 1 });
       expect(await next()).toMatchObject({ t: "batch", step: slots, slot: 0, generation: slots + 1 });
       expect(await next()).toMatchObject({ t: "batch", step: slots + 1, slot: 1, generation: slots + 2 });
       s.write(encodeFrame({ t: "wait", step: 3 * slots }));
