@@ -84,6 +84,8 @@ interface QueuedTimings {
   readonly body: { dataset: string; rank: number; world: number; micro_batch: number };
   readonly steps: Map<number, StepTimings>;
   sentAt: number;
+  /** Its reports in flight. */
+  sending: number;
 }
 
 /** A micro-batch or run of samples: tokens in the dataset's dtype, shape `[n, seq_length + 1]`. */
@@ -154,6 +156,9 @@ const TELEMETRY_RETRY_MS = 5000;
  */
 export const MAX_QUEUED_STEPS = Math.min(4096, MAX_REPORT_STEPS);
 
+/** Most reports of one consumer in flight at once (each of at most `MAX_QUEUED_STEPS` steps). */
+export const MAX_REPORTS_IN_FLIGHT = 8;
+
 /** Most seconds a timing may hold (the server refuses a report with more, or a negative one). */
 const MAX_TIMING_SECONDS = 86_400;
 
@@ -215,11 +220,13 @@ export class RackfeedClient {
   readonly #reportEvery: number;
   readonly #reportIntervalMs: number;
   readonly #now: () => number;
-  readonly #sleep: (ms: number) => Promise<void>;
+  /** The caller's sleep (tests), or undefined: a timer, cleared when the wait is aborted. */
+  readonly #sleep: ((ms: number) => Promise<void>) | undefined;
   /** Per dataset consumer: timings not yet sent. */
   readonly #pending = new Map<string, QueuedTimings>();
   #lastConsumer: string | undefined;
   #retried = 0;
+  #dropped = 0;
   readonly #timeoutMs: number;
   /** Reports sent in the background (never on the data path); `close()` waits for them. */
   readonly #reporting = new Set<Promise<void>>();
@@ -252,13 +259,19 @@ export class RackfeedClient {
     this.#retryForMs = opts.retryForMs ?? 60_000;
     this.#backoff = opts.backoffMs ?? 50;
     this.#maxBackoff = opts.maxBackoffMs ?? 2000;
+    // A NaN here would switch a limit off without a word (every comparison with it is false).
+    checkInt(this.#retries, "retries", 0);
+    checkInt(this.#retryForMs, "retryForMs", 0);
+    checkInt(this.#backoff, "backoffMs", 0);
+    checkInt(this.#maxBackoff, "maxBackoffMs", 0);
     this.#reportEvery = opts.reportEvery ?? 32;
     checkInt(this.#reportEvery, "reportEvery", 1);
     this.#reportIntervalMs = opts.reportIntervalMs ?? 1000;
     checkInt(this.#reportIntervalMs, "reportIntervalMs", 0);
     this.#now = opts.now ?? (() => performance.now());
-    this.#sleep = opts.sleep ?? ((ms) => new Promise((r) => setTimeout(r, ms)));
+    this.#sleep = opts.sleep;
     this.#timeoutMs = opts.timeoutMs ?? 120_000;
+    checkInt(this.#timeoutMs, "timeoutMs", 0);
   }
 
   /** Steps whose timings are queued for the next report, over all consumers (at most `MAX_QUEUED_STEPS` each). */
@@ -266,6 +279,14 @@ export class RackfeedClient {
     let n = 0;
     for (const p of this.#pending.values()) n += p.steps.size;
     return n;
+  }
+
+  /**
+   * Steps whose timings were dropped unsent: a consumer's reports could not keep up (a server
+   * that does not answer them), and its queue was full.
+   */
+  get droppedSteps(): number {
+    return this.#dropped;
   }
 
   /** Requests retried since creation (transient failures survived). */
@@ -351,7 +372,7 @@ export class RackfeedClient {
       }
       const consumer = { dataset, rank: c.rank, world: c.world, micro_batch: c.microBatch };
       const id = JSON.stringify(consumer);
-      if (!this.#pending.has(id)) this.#pending.set(id, { body: consumer, steps: new Map(), sentAt: -Infinity });
+      if (!this.#pending.has(id)) this.#pending.set(id, { body: consumer, steps: new Map(), sentAt: -Infinity, sending: 0 });
       this.#lastConsumer = id;
       let step = c.startStep ?? 0;
       let failingSince = NaN; // when the shm stream's current run of failures began
@@ -372,6 +393,8 @@ export class RackfeedClient {
         try {
           for (;;) {
             const r = await it.next();
+            // Batches already in the ring come without a read of the (closed) socket: stop here.
+            signal.throwIfAborted();
             if (r.done) {
               // The server ends at the dataset's last full step: asked for more, say so as HTTP does (416).
               if (c.endStep !== undefined && step < c.endStep) {
@@ -393,6 +416,8 @@ export class RackfeedClient {
           if (signal.aborted) throw signal.reason;
           if (!(e instanceof ShmError)) throw e;
           if (e.code === "SHM_FULL" || e.code === "SHM_UNREACHABLE") {
+            // A client given only a socket has no HTTP to turn to: the server's reason is the caller's error.
+            if (this.#url === undefined) throw new RackfeedError(e.status, e.code, e.message);
             this.#noShm(); // no room for a ring on this server, or no way to read it: HTTP for a while
             continue;
           }
@@ -422,6 +447,7 @@ export class RackfeedClient {
         fill(step + depth);
         const b = await inFlight.get(step)!;
         inFlight.delete(step);
+        signal.throwIfAborted(); // a batch that arrived before the abort is not handed out after it
         const waitSeconds = (this.#now() - waitFrom) / 1000;
         this.#record(id, { step, t_wait: waitSeconds });
         yield { ...b, step, waitSeconds, transport: "http" };
@@ -488,25 +514,30 @@ export class RackfeedClient {
         throw new RangeError(`Invalid ${k} for step ${step}: ${String(v)}; expected seconds from 0 to ${MAX_TIMING_SECONDS}`);
       }
     }
-    if (!this.#pending.has(id)) this.#pending.set(id, { body: JSON.parse(id), steps: new Map(), sentAt: -Infinity });
+    if (!this.#pending.has(id)) this.#pending.set(id, { body: JSON.parse(id), steps: new Map(), sentAt: -Infinity, sending: 0 });
     this.#record(id, { step, t_wait: this.#pending.get(id)!.steps.get(step)?.t_wait ?? NaN, ...t });
     this.#autoFlush(id);
   }
 
   /** Sends the queued timings now. */
   async flush(): Promise<void> {
-    await this.#send(undefined);
+    await this.#send(undefined, undefined);
   }
 
   /**
-   * Sends queued timings. `hold`: the consumer whose newest steps still wait for the caller's
-   * t_h2d/t_compute (a step's timings must travel in one report: the server judges a step
-   * healthy only from all three), kept back unless they are older than the last two steps.
+   * Sends queued timings: every consumer's, or `only` this one's. Each consumer's steps leave the
+   * queue before the first report is sent, so one slow report holds back no other consumer's
+   * steps and no step goes twice. `hold`: the consumer whose newest steps still wait for the
+   * caller's t_h2d/t_compute (a step's timings must travel in one report: the server judges a
+   * step healthy only from all three), kept back unless they are older than the last two steps.
+   *
+   * @throws {RackfeedError} when a report failed (after the others were sent)
    */
-  async #send(hold: string | undefined): Promise<void> {
+  async #send(only: string | undefined, hold: string | undefined): Promise<void> {
     if (this.#url === undefined) return; // a socket-only client has nowhere to report
+    const reports: Promise<void>[] = [];
     for (const [id, p] of this.#pending) {
-      if (p.steps.size === 0) continue;
+      if (p.steps.size === 0 || (only !== undefined && id !== only)) continue;
       let newest = -Infinity;
       if (id === hold) for (const k of p.steps.keys()) newest = Math.max(newest, k);
       const out: StepTimings[] = [];
@@ -517,38 +548,64 @@ export class RackfeedClient {
       }
       if (out.length === 0) continue;
       p.sentAt = this.#now();
-      const steps = out.map((s) => (Number.isNaN(s.t_wait) ? { ...s, t_wait: undefined } : s));
-      // The server takes at most MAX_REPORT_STEPS per report (a large reportEvery queues more).
-      for (let i = 0; i < steps.length; i += MAX_REPORT_STEPS) {
-        await this.#request("/v1/telemetry", {
-          method: "POST",
-          headers: { ...this.#headers, "content-type": "application/json" },
-          body: JSON.stringify({ ...p.body, steps: steps.slice(i, i + MAX_REPORT_STEPS) }),
-        }, undefined, async (res) => void (await res.body?.cancel()), {
-          // Short: close() waits for reports, and a trainer at its end must not wait a minute
-          // for a server that is gone (its timings are lost then, its batches are not).
-          retryForMs: Math.min(this.#retryForMs, TELEMETRY_RETRY_MS),
-          timeoutMs: Math.min(this.#timeoutMs || TELEMETRY_RETRY_MS, TELEMETRY_RETRY_MS),
-        });
-      }
+      p.sending++;
+      reports.push(this.#report(p.body, out).finally(() => p.sending--));
+    }
+    const failed = (await Promise.allSettled(reports)).find((r) => r.status === "rejected");
+    if (failed) throw (failed as PromiseRejectedResult).reason;
+  }
+
+  /** Sends one consumer's steps, in reports of at most `MAX_REPORT_STEPS`. */
+  async #report(body: QueuedTimings["body"], out: StepTimings[]): Promise<void> {
+    const steps = out.map((s) => (Number.isNaN(s.t_wait) ? { ...s, t_wait: undefined } : s));
+    for (let i = 0; i < steps.length; i += MAX_REPORT_STEPS) {
+      await this.#request("/v1/telemetry", {
+        method: "POST",
+        headers: { ...this.#headers, "content-type": "application/json" },
+        body: JSON.stringify({ ...body, steps: steps.slice(i, i + MAX_REPORT_STEPS) }),
+      }, undefined, async (res) => void (await res.body?.cancel()), {
+        // Short: close() waits for reports, and a trainer at its end must not wait a minute
+        // for a server that is gone (its timings are lost then, its batches are not).
+        retryForMs: Math.min(this.#retryForMs, TELEMETRY_RETRY_MS),
+        timeoutMs: Math.min(this.#timeoutMs || TELEMETRY_RETRY_MS, TELEMETRY_RETRY_MS),
+      });
     }
   }
 
-  /** Waits for the reports in flight, then flushes the rest of the timings. */
+  /**
+   * Waits for the reports in flight, then sends the rest of the timings. Never rejects: a report
+   * that fails is telemetry's loss, not the caller's error.
+   */
   async close(): Promise<void> {
     await Promise.allSettled([...this.#reporting]);
-    await this.flush();
+    await this.flush().catch(() => {});
   }
 
   /**
-   * Sends when enough steps are queued and the last report is old enough, or the queue is full;
-   * fire and forget (telemetry must never stall the data path). `now`: the caller's clock reading, if it has one.
+   * Sends a consumer's timings when enough are queued and its last report is old enough, or its
+   * queue is full; fire and forget (telemetry must never stall the data path). One report in
+   * flight per consumer: steps queue meanwhile and go in the next. A full queue may send while
+   * others are in flight, up to `MAX_REPORTS_IN_FLIGHT`; past that (a server that does not
+   * answer) the oldest steps are dropped, so the client stays bounded. `now`: the caller's clock
+   * reading, if it has one.
    */
   #autoFlush(id: string, now?: number): void {
     const p = this.#pending.get(id)!;
     const n = p.steps.size;
-    if (n >= MAX_QUEUED_STEPS || (n >= this.#reportEvery && (now ?? this.#now()) - p.sentAt >= this.#reportIntervalMs)) {
-      this.#background(this.#send(id));
+    if (n >= MAX_QUEUED_STEPS) {
+      if (p.sending < MAX_REPORTS_IN_FLIGHT) this.#background(this.#send(id, id));
+      else this.#dropOldest(p, n - MAX_QUEUED_STEPS);
+    } else if (p.sending === 0 && n >= this.#reportEvery && (now ?? this.#now()) - p.sentAt >= this.#reportIntervalMs) {
+      this.#background(this.#send(id, id));
+    }
+  }
+
+  /** Drops a consumer's `count` oldest queued steps (a Map iterates in insertion order). */
+  #dropOldest(p: QueuedTimings, count: number): void {
+    for (const k of p.steps.keys()) {
+      if (count-- <= 0) break;
+      p.steps.delete(k);
+      this.#dropped++;
     }
   }
 
@@ -558,19 +615,20 @@ export class RackfeedClient {
     void q.then(() => this.#reporting.delete(q));
   }
 
-  /** `#sleep`, ended early (rejecting with its reason) by `signal`. */
+  /** Waits `ms`, ended early (rejecting with its reason) by `signal`; an aborted wait leaves no timer behind. */
   async #pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
-    if (!signal) return await this.#sleep(ms);
-    signal.throwIfAborted();
+    signal?.throwIfAborted();
+    let timer: ReturnType<typeof setTimeout> | undefined;
     let onAbort: () => void = () => {};
     const aborted = new Promise<never>((_, reject) => {
-      onAbort = () => reject(signal.reason);
-      signal.addEventListener("abort", onAbort, { once: true });
+      onAbort = () => reject(signal!.reason);
+      signal?.addEventListener("abort", onAbort, { once: true });
     });
     try {
-      await Promise.race([this.#sleep(ms), aborted]);
+      await Promise.race([this.#sleep ? this.#sleep(ms) : new Promise<void>((r) => (timer = setTimeout(r, ms))), aborted]);
     } finally {
-      signal.removeEventListener("abort", onAbort);
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
     }
   }
 

@@ -192,6 +192,7 @@ export async function* shmBatches(
       if (outbox.frames > 0) socket.write(outbox.take());
     };
     for (let step = c.startStep;; step++) {
+      c.signal?.throwIfAborted();
       if (ended && step >= endStep) return;
       const { slot, generation } = slotOfStep(step, c.startStep, layout.slots);
       let h = poll && step < endStep ? readHeader(slot) : undefined;

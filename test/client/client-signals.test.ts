@@ -67,5 +67,26 @@ describe("batches() and its signal", () => {
       expect(err?.message).toBe("caller stopped");
       expect(seen).toEqual([]);
     });
+
+    it("hands out no batch after its signal aborts, though more are in the ring (shm) or arrived (HTTP, prefetched)", async () => {
+      for (const local of [localTransport(), undefined]) {
+        const c = new RackfeedClient({ url: rf.url, local });
+        const ac = new AbortController();
+        const seen: number[] = [];
+        const err = await (async () => {
+          for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 4, endStep: 60, prefetch: 8, signal: ac.signal })) {
+            seen.push(b.step);
+            if (b.step === 3) {
+              // Let the server fill the ring (or the prefetched answers arrive) before the abort.
+              await new Promise((r) => setTimeout(r, 200));
+              ac.abort(new Error("preempted"));
+            }
+          }
+        })().then(() => undefined, (e) => e as Error);
+        expect(err?.message, local ? "shm" : "http").toBe("preempted");
+        expect(seen, local ? "shm" : "http").toEqual([0, 1, 2, 3]);
+        await c.close();
+      }
+    });
   });
 });

@@ -1,12 +1,13 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { RackfeedClient } from "../../src/client/mod.ts";
+import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
+import { MAX_QUEUED_STEPS, MAX_REPORTS_IN_FLIGHT } from "../../src/client/client.ts";
 import { type Fault, type FaultProxy, type FaultRule, startFaultProxy } from "../helpers/fault-proxy.ts";
-import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { freePort, makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
 /** One dataset name per test (the same data): the telemetry metrics are labelled by dataset, so no test sees another's. */
-const NAMES = ["fails", "close", "every", "negative", "interval"];
+const NAMES = ["fails", "close", "every", "negative", "interval", "pair", "stalled"];
 let ws: Workspace;
 let rf: RunningServer;
 
@@ -88,7 +89,63 @@ describe("RackfeedClient telemetry", () => {
     }
   });
 
-  it("refuses a reportEvery below 1 or a fractional reportIntervalMs in the constructor", () => {
+  it("keeps one report in flight per consumer: two consumers behind a slow /v1/telemetry send a few full reports, not one per step", async () => {
+    let sent = 0;
+    await withProxy((_n, req) => {
+      if (req.url !== "/v1/telemetry") return pass;
+      sent++;
+      return { kind: "delay", ms: 150 };
+    }, async (proxy) => {
+      const c = new RackfeedClient({ url: proxy.url, reportEvery: 4, reportIntervalMs: 0 });
+      const waits = () => rf.metric("rackfeed_t_wait_seconds_count", { dataset: "pair" });
+      const before = await waits();
+      const run = async (rank: number) => {
+        for await (const _ of c.batches("pair", { rank, world: 2, microBatch: 4, endStep: 120, prefetch: 4 })) { /* as fast as it comes */ }
+      };
+      await Promise.all([run(0), run(1)]);
+      await c.close();
+      expect(await waits()).toBe(before + 240);
+      // 240 steps in reports of 4 would be 60; each consumer waits for its report (150 ms) and sends what queued meanwhile.
+      expect(sent).toBeLessThanOrEqual(30);
+    });
+  });
+
+  it("stays bounded when reports are not answered: at most MAX_REPORTS_IN_FLIGHT per consumer, the oldest steps dropped past a full queue", async () => {
+    let sent = 0;
+    await withProxy((_n, req) => {
+      if (req.url !== "/v1/telemetry") return pass;
+      sent++;
+      return { kind: "delay", ms: 1500 };
+    }, async (proxy) => {
+      const c = new RackfeedClient({ url: proxy.url, reportEvery: 1_000_000, reportIntervalMs: 3_600_000 });
+      const consumer = { dataset: "stalled", rank: 0, world: 1, microBatch: 4 };
+      const h2d = () => rf.metric("rackfeed_t_h2d_seconds_count", { dataset: "stalled" });
+      const before = await h2d();
+      const total = MAX_QUEUED_STEPS * (MAX_REPORTS_IN_FLIGHT + 3);
+      for (let step = 0; step < total; step++) c.reportStep(step, { t_h2d: 0.001 }, consumer);
+      expect(c.queuedSteps).toBe(MAX_QUEUED_STEPS);
+      expect(c.droppedSteps).toBe(2 * MAX_QUEUED_STEPS);
+      await new Promise((r) => setTimeout(r, 300));
+      expect(sent).toBe(MAX_REPORTS_IN_FLIGHT); // all stalled in the proxy
+      await c.close();
+      expect(await h2d()).toBe(before + total - c.droppedSteps);
+    });
+  });
+
+  it("close() resolves when the server is gone (the last report's failure is telemetry's loss); flush() says it failed", async () => {
+    const port = await freePort();
+    const c = new RackfeedClient({ url: `http://127.0.0.1:${port}`, retryForMs: 300, backoffMs: 10, maxBackoffMs: 50 });
+    const consumer = { dataset: "gone", rank: 0, world: 1, microBatch: 4 };
+    c.reportStep(0, { t_h2d: 0.001 }, consumer);
+    await expect(c.flush()).rejects.toBeInstanceOf(RackfeedError);
+    c.reportStep(1, { t_h2d: 0.001 }, consumer);
+    await expect(c.close()).resolves.toBeUndefined();
+  });
+
+  it("refuses a reportEvery below 1, a fractional reportIntervalMs, or a NaN retry option in the constructor", () => {
+    for (const k of ["retries", "retryForMs", "backoffMs", "maxBackoffMs", "timeoutMs"]) {
+      expect(() => new RackfeedClient({ url: rf.url, [k]: Number.NaN }), k).toThrow(new RegExp(`Invalid ${k}: NaN`));
+    }
     expect(() => new RackfeedClient({ url: rf.url, reportEvery: 0 })).toThrow(/Invalid reportEvery: 0; expected an integer from 1/);
     expect(() => new RackfeedClient({ url: rf.url, reportIntervalMs: 0.5 })).toThrow(/Invalid reportIntervalMs: 0.5/);
   });

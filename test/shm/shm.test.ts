@@ -4,7 +4,7 @@ import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, statfsSync
 import * as net from "node:net";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { RackfeedClient } from "../../src/client/mod.ts";
+import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
 import { SHM_RECHECK_MS } from "../../src/client/client.ts";
 import { connectUnix, localTransport } from "../../src/client/node.ts";
 import type { Config } from "../../src/config/load.ts";
@@ -400,6 +400,18 @@ describe("shared-memory fast path", () => {
     expect(got).toEqual(["http", "http", "http"]);
     for (let s = 0; s < 3; s++) expectSameBytes(bytes[s], await httpSamples(rf.url, s * 3, 3), `step ${s}`);
     await waitFor(async () => (await rf.metric("rackfeed_shm_rings")) === 0, "the unread ring to be removed");
+  });
+
+  it("raises the server's reason to a client given only a socket when it cannot open the ring: it has no HTTP to fall back on", async () => {
+    const { socket } = (await (await fetch(`${rf.url}/v1/shm`)).json()) as { socket: string };
+    const local = { ...localTransport(), openRing: () => { throw new Error("EACCES: permission denied"); } };
+    const c = new RackfeedClient({ socket, local });
+    const err = await (async () => {
+      for await (const _ of c.batches("d", { rank: 0, world: 1, microBatch: 3, endStep: 3 })) { /* none comes */ }
+    })().then(() => undefined, (e) => e);
+    expect(err).toBeInstanceOf(RackfeedError);
+    expect(err).toMatchObject({ status: 503, code: "SHM_UNREACHABLE" });
+    expect(err.message).toMatch(/Cannot open the ring .*EACCES/);
   });
 
   it("falls back to HTTP when the shm directory itself is full (ENOSPC), and the server lives on", async () => {
