@@ -654,7 +654,10 @@ export class RackfeedClient {
       const dtype = res.headers.get("x-rackfeed-dtype") ?? "uint16";
       const shape = (res.headers.get("x-rackfeed-shape") ?? "0,0").split(",").map(Number) as [number, number];
       const Typed = TYPED[dtype];
-      if (!Typed) throw new RackfeedError(res.status, "BAD_RESPONSE", `Unknown dtype "${dtype}" from ${path}`);
+      if (!Typed) {
+        await res.body?.cancel(); // else the connection stays held until the response is collected
+        throw new RackfeedError(res.status, "BAD_RESPONSE", `Unknown dtype "${dtype}" from ${path}`);
+      }
       // A body cut short throws here, inside the attempt: it is retried like a failed request.
       const body = await res.arrayBuffer();
       const want = shape[0] * shape[1] * (Typed as unknown as { BYTES_PER_ELEMENT: number }).BYTES_PER_ELEMENT;
