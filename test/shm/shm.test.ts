@@ -1,4 +1,5 @@
 import { execFile, execFileSync, spawn } from "node:child_process";
+import { unpack } from "msgpackr";
 import { promisify } from "node:util";
 import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, statfsSync, statSync, writeFileSync } from "node:fs";
 import * as net from "node:net";
@@ -758,5 +759,18 @@ describe("FrameOutbox", () => {
     expect(box.frames).toBe(1);
     expect(first).toEqual(copy);
     expect(new FrameDecoder().push(box.take())).toEqual([{ t: "release", slot: 0, generation: 99 }]);
+  });
+
+  it("is read by FrameDecoder's shortcut as msgpack reads it, and a body of the same size laid out otherwise still goes to msgpack", () => {
+    const box = new FrameOutbox();
+    box.pushRelease(5, 2 ** 40 + 3);
+    const frame = box.take();
+    expect(new FrameDecoder().push(frame)).toEqual([unpack(frame.subarray(4))]);
+    // One letter of a key changed: the same length, not a release; msgpack decodes what it says.
+    const other = frame.slice();
+    other[other.length - 10] = "m".charCodeAt(0); // "generation" -> "generatiom"
+    const [m] = new FrameDecoder().push(other);
+    expect(m).toEqual(unpack(other.subarray(4)));
+    expect(m).not.toHaveProperty("generation");
   });
 });
