@@ -317,6 +317,9 @@ export class ReadAhead {
   /** Every tracked consumer with its look-ahead now. */
   lookahead(): ConsumerLookahead[] {
     const { cache, maxSteps } = this.#opts;
+    // A server nobody reads from calls `observe` no more: forget idle consumers here too (what
+    // /metrics and /v1/status show, and the dataset index a consumer keeps alive).
+    this.#forgetIdle(this.#opts.now());
     const out: ConsumerLookahead[] = [];
     for (const c of this.#consumers.values()) {
       let buffered = 0;

@@ -59,6 +59,14 @@ const MAX_UNREAD_BYTES = 2 ** 20;
  * its end open is cut off after this long (else it would hold a connection slot, and shutdown).
  */
 const END_GRACE_MS = 1000;
+/**
+ * Messages received and not yet handled (they are handled in order, and `open` awaits the catalog
+ * and its ring's pages) past which the socket is paused: a peer that floods frames meanwhile
+ * then waits in the kernel's socket buffer, not in this process's heap.
+ */
+const MAX_UNHANDLED_MESSAGES = 256;
+/** `wait`s a consumer may have outstanding (unpublished steps), per slot of its ring; more is error 400. */
+const MAX_WAITS_PER_SLOT = 2;
 /** Batch notices of a `notify: "all"` consumer wait at most this long to be sent together. */
 const NOTICE_DELAY_MS = 1;
 /**
@@ -268,6 +276,12 @@ class ShmConnection {
   #opening: Promise<void> | undefined;
   /** Messages are handled one at a time, in order: `open` awaits the catalog. */
   #queue: Promise<void> = Promise.resolve();
+  /** The consumer's `endStep`, once `end` has been sent: a `wait` at or past it is answered with `end` again. */
+  #endedAt: number | undefined;
+  /** Messages in `#queue` not yet handled. */
+  #unhandled = 0;
+  /** `wait`s outstanding (the sum over `#waitingFor`), at most `MAX_WAITS_PER_SLOT` per slot. */
+  #waits = 0;
 
   constructor(socket: net.Socket, server: ShmServer, o: ShmServerOptions) {
     this.#socket = socket;
@@ -275,6 +289,8 @@ class ShmConnection {
     this.#o = o;
     this.#peer = peerOf(o.peers, socket);
     socket.on("data", (chunk: Uint8Array) => {
+      // After an error (or the end) nothing more is read: a decoder fed on would keep every byte.
+      if (this.#closed) return;
       let msgs;
       try {
         msgs = this.#decoder.push(chunk);
@@ -282,7 +298,14 @@ class ShmConnection {
         this.#fail("BAD_REQUEST", 400, (e as Error).message);
         return;
       }
-      for (const m of msgs) this.#queue = this.#queue.then(() => this.#handle(m)).catch((e) => this.#failWith(e));
+      for (const m of msgs) {
+        this.#unhandled++;
+        this.#queue = this.#queue.then(() => {
+          if (--this.#unhandled === 0 && this.#socket.isPaused()) this.#socket.resume();
+          return this.#handle(m);
+        }).catch((e) => this.#failWith(e));
+      }
+      if (this.#unhandled > MAX_UNHANDLED_MESSAGES) socket.pause();
     });
     socket.on("error", () => {}); // a peer that vanished; "close" follows and cleans up
     socket.once("close", () => void this.end());
@@ -320,6 +343,8 @@ class ShmConnection {
       this.#closed = true;
       this.#wake?.();
       if (graceful) {
+        // Nothing more is read (a peer may keep sending): what it sends waits in its own socket.
+        this.#socket.pause();
         this.#socket.end();
         unrefableTimeout(() => this.#socket.destroy(), END_GRACE_MS).unref();
       } else this.#socket.destroy();
@@ -343,6 +368,7 @@ class ShmConnection {
   }
 
   #send(m: ServerMessage): void {
+    if (this.#closed) return;
     this.#flush();
     this.#write(encodeFrame(m));
   }
@@ -374,7 +400,10 @@ class ShmConnection {
       const waits = this.#waitingFor.get(m.step);
       if (waits !== undefined) {
         this.#waitingFor.delete(m.step);
-        for (let i = 0; i < waits; i++) this.#send(m);
+        this.#waits -= waits;
+        this.#flush();
+        const frame = encodeFrame(m);
+        for (let i = 0; i < waits && !this.#closed; i++) this.#write(frame);
       }
       return;
     }
@@ -528,7 +557,9 @@ class ShmConnection {
     const step = int(m, "step", 0, Number.MAX_SAFE_INTEGER);
     const round = this.#round;
     if (!round || round.notify !== "wait") throw new ShmProtocolError('"wait" needs an open consumer with notify "wait"');
-    if (step < round.startStep + this.#published) {
+    if (this.#endedAt !== undefined && step >= this.#endedAt) {
+      this.#send({ t: "end", step: this.#endedAt });
+    } else if (step < round.startStep + this.#published) {
       const notice = this.#notices.get(step);
       if (!notice) throw new ShmProtocolError(`Wait for step ${step}, which the ring no longer holds (this consumer started at step ${round.startStep})`);
       this.#send(notice);
@@ -539,7 +570,12 @@ class ShmConnection {
       if (step >= next + round.slots) {
         throw new ShmProtocolError(`Wait for step ${step}: the next step published is ${next}, and the ring holds ${round.slots} steps ahead`);
       }
+      // Each wait is answered: bounded, so a peer cannot queue a flood of answers for one publish.
+      if (this.#waits >= MAX_WAITS_PER_SLOT * round.slots) {
+        throw new ShmProtocolError(`Too many waits outstanding (${this.#waits}): at most ${MAX_WAITS_PER_SLOT} per slot of the ring (${round.slots} slots)`);
+      }
       this.#waitingFor.set(step, (this.#waitingFor.get(step) ?? 0) + 1);
+      this.#waits++;
     }
   }
 
@@ -606,6 +642,7 @@ class ShmConnection {
         if (!(await this.#publishBefore(inFlight, unit + 2 - depth, reg, consumer))) return;
       }
       if (!(await this.#publishBefore(inFlight, Infinity, reg, consumer))) return;
+      this.#endedAt = end;
       this.#send({ t: "end", step: end });
     } catch (e) {
       // Reported at once, not after the other step's fetch: this closes the connection and

@@ -112,7 +112,7 @@ describe("schedule-aware read-ahead", () => {
     expect(lru).toBeGreaterThan(15);
   }, 120_000); // two servers, 25 paced steps each with 1 MiB of competing reads: ~25 s here, more under load
 
-  it("forgets a consumer idle for IDLE_CONSUMER_MS (it would keep its dataset version alive and cost every scrape)", async () => {
+  it("forgets a consumer idle for IDLE_CONSUMER_MS, on the next batch or the next scrape (it would keep its dataset version alive and cost every scrape)", async () => {
     let skew = 0;
     await withServer([], async (rf) => {
       const consumers = async () => ((await (await fetch(`${rf.url}/v1/status`)).json()).consumers as { rank: number; world: number }[]).map((c) => `${c.rank}/${c.world}`).sort();
@@ -129,6 +129,10 @@ describe("schedule-aware read-ahead", () => {
       skew += IDLE_CONSUMER_MS / 2;
       await batch(0, 3); // the next consumer seen sweeps the idle ones
       expect(await consumers()).toEqual(["0/3", "1/2"]);
+      // A server nobody reads from any more forgets them too, when asked who its consumers are.
+      skew += IDLE_CONSUMER_MS;
+      expect(await rf.metric("rackfeed_dataset_consumers", { dataset: "big" })).toBe(0);
+      expect(await consumers()).toEqual([]);
     }, () => performance.now() + skew);
   });
 

@@ -272,6 +272,59 @@ describe("shared-memory fast path", () => {
     }
   });
 
+  it("refuses more waits outstanding than twice the ring's slots (each would be answered: a flood of them would hold the server)", async () => {
+    const { s, next } = await greeted();
+    try {
+      s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 0, endStep: 150, notify: "wait" }));
+      const slots = Number((await next()).slots);
+      // The ring fills with steps 0 .. slots-1 and nothing is released: step `slots` stays unpublished.
+      s.write(encodeFrame({ t: "wait", step: slots - 1 }));
+      expect(await next()).toMatchObject({ t: "batch", step: slots - 1 });
+      for (let i = 0; i < 2 * slots; i++) s.write(encodeFrame({ t: "wait", step: slots }));
+      s.write(encodeFrame({ t: "wait", step: slots }));
+      const m = await next();
+      expect(m).toMatchObject({ t: "error", status: 400 });
+      expect(String(m.message)).toMatch(new RegExp(`Too many waits outstanding \\(${2 * slots}\\): at most 2 per slot of the ring \\(${slots} slots\\)`));
+    } finally {
+      s.close();
+    }
+  });
+
+  it("answers a wait at or past endStep with end, also after end was sent", async () => {
+    const { s, next } = await greeted();
+    try {
+      s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 0, endStep: 3, notify: "wait" }));
+      expect(await next()).toMatchObject({ t: "ring", endStep: 3 });
+      expect(await next()).toMatchObject({ t: "end", step: 3 }); // three small steps fit the ring: all published
+      s.write(encodeFrame({ t: "wait", step: 3 }));
+      expect(await next()).toMatchObject({ t: "end", step: 3 });
+      s.write(encodeFrame({ t: "wait", step: 1 }));
+      expect(await next()).toMatchObject({ t: "batch", step: 1 });
+    } finally {
+      s.close();
+    }
+  });
+
+  it("reads nothing more from a peer after an error frame: what it goes on sending stays in its own socket", async () => {
+    const path = join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`);
+    const s = net.createConnection({ path, allowHalfOpen: true });
+    try {
+      await new Promise<void>((r, j) => s.once("connect", r).once("error", j));
+      const got = new Promise<Uint8Array>((r) => s.once("data", r));
+      s.write(Uint8Array.of(0x7f)); // a frame's length, cut short: the decoder holds this byte
+      await sleep(50);
+      s.write(Uint8Array.of(0xff, 0xff, 0xff)); // completes a length over MAX_FRAME_BYTES
+      expect(new FrameDecoder().push(await got)[0]).toMatchObject({ t: "error", status: 400 });
+      const junk = new Uint8Array(1 << 20);
+      for (let i = 0; i < 16; i++) s.write(junk);
+      await sleep(300); // well within the server's grace before it cuts the connection
+      // A server still reading would have taken it all (and, before, kept it: a decoder fed on grows).
+      expect(s.writableLength).toBeGreaterThan(8 << 20);
+    } finally {
+      s.destroy();
+    }
+  });
+
   it("answers bad control messages with an error frame and a closed socket, never a crash", async () => {
     const cases: [Uint8Array, RegExp][] = [
       [encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 1, startStep: 0 }), /Expected "hello" first/],
