@@ -95,7 +95,7 @@ function eagerTransport(ring: EagerRing): LocalTransport {
     pollSlots: true,
     nextTurn: () => new Promise((r) => setTimeout(r, 0)),
     openRing: () => ({ mapped: ring.bytes, read: (offset, into) => into.set(ring.bytes.subarray(offset, offset + into.length)), close: () => {} }),
-    connect: async (): Promise<LocalSocket> => {
+    connect: (): Promise<LocalSocket> => {
       const decoder = new FrameDecoder();
       const out: Uint8Array[] = [];
       let wake: (() => void) | undefined;
@@ -104,7 +104,7 @@ function eagerTransport(ring: EagerRing): LocalTransport {
         out.push(encodeFrame(m));
         wake?.();
       };
-      return {
+      return Promise.resolve({
         write(bytes) {
           const t0 = performance.now();
           for (const m of decoder.push(bytes) as unknown as ClientMessage[]) {
@@ -129,7 +129,7 @@ function eagerTransport(ring: EagerRing): LocalTransport {
           closed = true;
           wake?.();
         },
-      };
+      });
     },
   };
 }
