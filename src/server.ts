@@ -324,6 +324,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
           instance,
           pid: env.pid ?? 0,
           isAlive: env.isAlive ?? (() => true),
+          lockFile: env.lockFile,
           mapFile: env.mapFile,
           copier,
           peers: env.peers,

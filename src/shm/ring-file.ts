@@ -5,6 +5,7 @@
  */
 
 import * as fs from "node:fs";
+import type { FileLock, LockFile } from "../cache/disk-tier.ts";
 import { encodeRingHeader, type RingLayout, SLOT_HEADER_BYTES, type SlotHeader, slotHeaderOffset, writeSlotHeader } from "./protocol.ts";
 
 /** Maps `bytes` bytes of a file shared and writable; `unmap` must be called once nothing reads the view. */
@@ -149,16 +150,53 @@ export class RingFile {
 }
 
 /**
- * Removes ring files whose server process is gone (a server killed with -9 cannot clean up),
- * and those of an earlier server that had this server's process id (a container's pid 1
- * restarted with the shm directory kept): named with `self.pid` but another instance.
+ * The lock file of a server's rings (`rackfeed-ring-<pid>-<instance>.lock`), which the server
+ * holds locked (`flock`) while it runs. A server in another pid namespace (two containers that
+ * share the directory) is then told apart by its lock, not by a pid this one cannot see.
+ */
+export function ringOwnerLockPath(dir: string, pid: number, instance: string): string {
+  return `${dir}/${RING_PREFIX}${pid}-${instance}.lock`;
+}
+
+/**
+ * Takes this server's ring lock: locked under a temporary name, then renamed into place, so
+ * that another server's sweep never finds the file unlocked (and takes this server for dead).
+ *
+ * @returns the lock (release it after removing the file), or undefined where the file system has no flock
+ */
+export async function takeRingOwnerLock(dir: string, pid: number, instance: string, lockFile: LockFile): Promise<FileLock | undefined> {
+  const tmp = `${dir}/.${RING_PREFIX}${pid}-${instance}.lock.tmp`;
+  let lock: FileLock | undefined;
+  try {
+    lock = await lockFile(tmp);
+  } catch {
+    fs.rmSync(tmp, { force: true });
+    return undefined; // no flock here (ENOLCK): liveness goes by pid, as without a lock
+  }
+  if (!lock) throw new Error(`${tmp} is locked by another process: is another server running with this instance id?`);
+  fs.renameSync(tmp, ringOwnerLockPath(dir, pid, instance));
+  return lock;
+}
+
+/**
+ * Removes ring files whose server is gone (a server killed with -9 cannot clean up), with their
+ * lock files. A server whose lock file is there is alive while the file is locked, whatever its
+ * pid; without a lock file (no flock, or an older server) it is alive while its pid runs, except
+ * an earlier server that had this server's process id (a container's pid 1 restarted with the shm
+ * directory kept): named with `self.pid` but another instance.
  *
  * @param dir the shm directory
  * @param isAlive whether a process id is running
  * @param self this server's process id and instance
+ * @param lockFile the runtime's flock, to test other servers' locks
  * @returns the files removed
  */
-export function removeDeadRings(dir: string, isAlive: (pid: number) => boolean, self?: { pid: number; instance: string }): string[] {
+export async function removeDeadRings(
+  dir: string,
+  isAlive: (pid: number) => boolean,
+  self?: { pid: number; instance: string },
+  lockFile?: LockFile,
+): Promise<string[]> {
   const removed: string[] = [];
   let names: string[];
   try {
@@ -166,15 +204,37 @@ export function removeDeadRings(dir: string, isAlive: (pid: number) => boolean, 
   } catch {
     return removed;
   }
-  const ringName = new RegExp(`^${RING_PREFIX}(\\d+)-(.*)-\\d+\\.ring$`);
+  const ownedFile = new RegExp(`^${RING_PREFIX}(\\d+)-(.*?)(?:-\\d+\\.ring|\\.lock)$`);
+  const owners = new Map<string, { pid: number; instance: string; files: string[] }>();
   for (const name of names) {
-    const m = ringName.exec(name);
+    const m = ownedFile.exec(name);
     if (!m) continue;
-    const pid = Number(m[1]);
-    const earlierSelf = self !== undefined && pid === self.pid && m[2] !== self.instance;
-    if (!earlierSelf && isAlive(pid)) continue;
-    fs.rmSync(`${dir}/${name}`, { force: true });
-    removed.push(name);
+    const key = `${m[1]}-${m[2]}`;
+    const o = owners.get(key) ?? { pid: Number(m[1]), instance: m[2], files: [] };
+    o.files.push(name);
+    owners.set(key, o);
+  }
+  for (const o of owners.values()) {
+    if (self !== undefined && o.pid === self.pid && o.instance === self.instance) continue;
+    const lockName = `${RING_PREFIX}${o.pid}-${o.instance}.lock`;
+    let held: FileLock | undefined;
+    if (lockFile && o.files.includes(lockName)) {
+      try {
+        held = await lockFile(`${dir}/${lockName}`);
+      } catch {
+        held = undefined;
+      }
+      if (!held) continue; // locked: its server runs (maybe in another pid namespace)
+    } else {
+      const earlierSelf = self !== undefined && o.pid === self.pid;
+      if (!earlierSelf && isAlive(o.pid)) continue;
+    }
+    // Rings first, the lock file last: a sweep that stops midway leaves the lock to say who owned them.
+    for (const name of o.files.sort((a, b) => Number(a === lockName) - Number(b === lockName))) {
+      fs.rmSync(`${dir}/${name}`, { force: true });
+      removed.push(name);
+    }
+    await held?.release();
   }
   return removed;
 }

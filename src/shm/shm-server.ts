@@ -41,7 +41,8 @@ import {
   ShmProtocolError,
   slotOfStep,
 } from "./protocol.ts";
-import { type MapFile, removeDeadRings, RING_PREFIX, RingFile, RingSpaceError } from "./ring-file.ts";
+import { type MapFile, removeDeadRings, RING_PREFIX, RingFile, ringOwnerLockPath, RingSpaceError, takeRingOwnerLock } from "./ring-file.ts";
+import type { FileLock, LockFile } from "../cache/disk-tier.ts";
 
 /** Connections on the control socket at once; more are refused by the kernel's accept queue. */
 const MAX_CONNECTIONS = 1024;
@@ -113,6 +114,12 @@ export interface ShmServerOptions {
   readonly instance: string;
   readonly pid: number;
   readonly isAlive: (pid: number) => boolean;
+  /**
+   * The runtime's `flock`: the server holds a lock file beside its rings while it runs, and
+   * another server's rings count as dead only once their lock can be taken (whatever their pid,
+   * which a server in another pid namespace cannot see). Without it, liveness goes by pid.
+   */
+  readonly lockFile?: LockFile;
   readonly mapFile: MapFile | undefined;
   /** The native gather; unset: batches are copied in JavaScript. */
   readonly copier?: PieceCopier;
@@ -139,6 +146,8 @@ export class ShmServer {
   readonly #conns = new Set<ShmConnection>();
   #ringSeq = 0;
   #ringBytes = 0;
+  /** This server's ring lock (`ringOwnerLockPath`), held while it runs where the runtime has flock. */
+  #ownerLock: FileLock | undefined;
 
   private constructor(opts: ShmServerOptions) {
     this.#opts = opts;
@@ -161,7 +170,18 @@ export class ShmServer {
    */
   static async start(opts: ShmServerOptions): Promise<ShmServer> {
     fs.mkdirSync(opts.dir, { recursive: true });
-    const removed = removeDeadRings(opts.dir, opts.isAlive, { pid: opts.pid, instance: opts.instance });
+    const ownerLock = opts.lockFile ? await takeRingOwnerLock(opts.dir, opts.pid, opts.instance, opts.lockFile) : undefined;
+    try {
+      return await ShmServer.#listen(opts, ownerLock);
+    } catch (e) {
+      fs.rmSync(ringOwnerLockPath(opts.dir, opts.pid, opts.instance), { force: true });
+      await ownerLock?.release();
+      throw e;
+    }
+  }
+
+  static async #listen(opts: ShmServerOptions, ownerLock: FileLock | undefined): Promise<ShmServer> {
+    const removed = await removeDeadRings(opts.dir, opts.isAlive, { pid: opts.pid, instance: opts.instance }, opts.lockFile);
     if (removed.length) opts.log(`rackfeed: removed ${removed.length} ring file(s) of dead servers from ${opts.dir}`);
     const existing = fs.lstatSync(opts.socketPath, { throwIfNoEntry: false });
     if (existing) {
@@ -172,6 +192,7 @@ export class ShmServer {
       fs.rmSync(opts.socketPath, { force: true });
     }
     const s = new ShmServer(opts);
+    s.#ownerLock = ownerLock;
     await new Promise<void>((resolve, reject) => {
       s.#server.once("error", reject);
       s.#server.listen(opts.socketPath, () => {
@@ -221,6 +242,12 @@ export class ShmServer {
     await Promise.all(conns.map((c) => c.opened()));
     await closed;
     fs.rmSync(this.#opts.socketPath, { force: true });
+    // The lock file goes before the lock: a sweep never finds it unlocked while this server lives.
+    if (this.#ownerLock) {
+      fs.rmSync(ringOwnerLockPath(this.#opts.dir, this.#opts.pid, this.#opts.instance), { force: true });
+      await this.#ownerLock.release();
+      this.#ownerLock = undefined;
+    }
   }
 }
 

@@ -1,13 +1,14 @@
 import { execFile, execFileSync, spawn } from "node:child_process";
 import { unpack } from "msgpackr";
 import { promisify } from "node:util";
-import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, statfsSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, statfsSync, statSync, writeFileSync } from "node:fs";
 import * as net from "node:net";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
 import { SHM_RECHECK_MS } from "../../src/client/client.ts";
 import { connectUnix, localTransport } from "../../src/client/node.ts";
+import { nodeFileLock } from "../../src/runtime/node.ts";
 import type { Config } from "../../src/config/load.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import { loadNodeMapping, loadNodePeerCredentials } from "../../src/runtime/libc-node.ts";
@@ -676,6 +677,49 @@ describe("shared-memory fast path", () => {
     } finally {
       await second.close();
     }
+  });
+
+  it("tells other servers' rings apart by their lock files (flock), not by pids it may not see: keeps a live one's, removes a dead one's", async () => {
+    const lockFile = nodeFileLock();
+    expect(lockFile, "koffi binds flock on this machine").toBeDefined();
+    const dir = join(ws.dir, "shm-locks");
+    mkdirSync(dir);
+    const ring = (name: string) => writeFileSync(join(dir, name), new Uint8Array(8192));
+    // A server in another pid namespace, running: its pid means nothing here, its lock is held.
+    const live = await lockFile!(join(dir, "rackfeed-ring-555-l1ve-1.ring.tmp"));
+    renameSync(join(dir, "rackfeed-ring-555-l1ve-1.ring.tmp"), join(dir, "rackfeed-ring-555-l1ve.lock"));
+    ring("rackfeed-ring-555-l1ve-1.ring");
+    // Another, running with the very pid the new server gets (each container has its pid 1).
+    const twin = await lockFile!(join(dir, "twin.tmp"));
+    renameSync(join(dir, "twin.tmp"), join(dir, "rackfeed-ring-1234-tw1n.lock"));
+    ring("rackfeed-ring-1234-tw1n-2.ring");
+    // A dead one whose pid a live process here happens to have: its lock file is free.
+    writeFileSync(join(dir, "rackfeed-ring-556-d3ad.lock"), "");
+    ring("rackfeed-ring-556-d3ad-1.ring");
+    ring("rackfeed-ring-556-d3ad-2.ring");
+    const server = await startServer(ws, [...dataset, "--shm-dir", dir, "--shm-socket", join(dir, "rf.sock")], {
+      pid: 1234,
+      isAlive: (pid) => pid === 556,
+      lockFile,
+    });
+    let own = "";
+    try {
+      const { instance } = (await (await fetch(`${server.url}/v1/shm`)).json()) as { instance: string };
+      own = `rackfeed-ring-1234-${instance}.lock`;
+      expect(readdirSync(dir).sort()).toEqual([
+        own,
+        "rackfeed-ring-1234-tw1n-2.ring",
+        "rackfeed-ring-1234-tw1n.lock",
+        "rackfeed-ring-555-l1ve-1.ring",
+        "rackfeed-ring-555-l1ve.lock",
+        "rf.sock",
+      ].sort());
+    } finally {
+      await server.close();
+      await live!.release();
+      await twin!.release();
+    }
+    expect(existsSync(join(dir, own))).toBe(false); // its own lock file goes with it
   });
 
   it("survives a server restart mid-iteration over shm: resumes at the next step with no duplicate and no gap", async () => {
