@@ -354,7 +354,7 @@ export class PrefetchJobs {
     const seen = new Set<number>();
     let sliceStart = performance.now();
     for (let step = from; step < to; step++) {
-      if ((step & 255) === 0 && performance.now() - sliceStart > PLAN_SLICE_MS) {
+      if (performance.now() - sliceStart > PLAN_SLICE_MS) {
         await new Promise((r) => setTimeout(r, 0)); // let batches be served
         signal.throwIfAborted();
         sliceStart = performance.now();
