@@ -4,6 +4,7 @@
  * however many readers want it (single-flight), with readers served part by part as bytes land.
  */
 
+import { setMaxListeners } from "node:events";
 import { isCacheServerError } from "../errors.ts";
 import type { ObjectInfo } from "../origin/origin.ts";
 import type { OriginGateway } from "../origin/origin-gateway.ts";
@@ -229,7 +230,8 @@ export class BlockCache {
   ): Promise<boolean> {
     const k = this.keyOf(gw, key, info, index);
     const disk = opts.tier === "disk" ? this.#disk : undefined;
-    if (disk ? disk.has(k) : this.#memory.has(k)) return true;
+    // Found: marked used, as a read would, so that this job's own fills do not evict it first.
+    if (disk ? disk.touch(k) : this.#memory.get(k) !== undefined) return true;
     let bytes = this.#memory.get(k);
     if (!bytes) {
       let fill = this.#flights.get(k);
@@ -359,6 +361,9 @@ export class BlockCache {
       // so they leave the origin's queue (or are aborted, on S3) instead of spending slots, and
       // their retries, that other blocks' readers wait for (see `OriginGateway.read`'s group).
       const group = new AbortController();
+      // Each waiting part listens to it (and to `promote`): a block of many parts is not a leak.
+      setMaxListeners(0, group.signal);
+      if (promote) setMaxListeners(0, promote.signal);
       for (let i = 0; i < fill.parts; i++) {
         const [s, e] = fill.partRange(i);
         parts.push(gw.read(key, info, base + s, buf.subarray(s, e), { background, group, promote: promote?.signal }).then(() => fill.partDone(i)));

@@ -411,6 +411,18 @@ export class DiskTier {
   }
 
   /**
+   * Whether a block file for `key` is indexed, marking it used now (as a read does): a prefetch
+   * that finds its block already here must not leave it first in line for eviction.
+   */
+  touch(key: string): boolean {
+    const entry = this.#index.get(key);
+    if (!entry) return false;
+    this.#index.delete(key);
+    this.#index.set(key, entry);
+    return true;
+  }
+
+  /**
    * Reads and verifies a block. A block whose checksum, length or key does not match is
    * deleted and reported as absent, so the caller refetches it from the origin.
    *

@@ -176,6 +176,26 @@ describe("prefetch jobs", () => {
     for (let i = 1; i < events.length; i++) expect(events[i].bytesDone).toBeGreaterThanOrEqual(events[i - 1].bytesDone);
   });
 
+  it("marks the blocks it finds already cached as used, so its own fills evict other blocks, not them", async () => {
+    await ws.put("p/a.bin", patternBytes(512 * KiB, 1));
+    await ws.put("p/other.bin", patternBytes(768 * KiB, 2));
+    const rf = await start(["--block-bytes", "64KiB", "--memory-bytes", "1MiB", "--read-ahead-seconds", "0", "--memory-eviction", "lru"]);
+    const read = async (key: string, start: number, end: number) => {
+      const res = await fetch(`${rf.url}/v1/objects/data/${key}`, { headers: { range: `bytes=${start}-${end - 1}` } });
+      expect(res.status).toBe(206);
+      await res.arrayBuffer();
+    };
+    await read("p/a.bin", 0, 256 * KiB); // a's first 4 blocks: the oldest in the tier
+    await read("p/other.bin", 0, 768 * KiB); // 12 more: the tier (16 blocks) is full
+    const job = await (await submit(rf, { objects: ["data/p/a.bin"], tier: "memory" })).json();
+    const done = await waitDone(rf, job.id);
+    expect(done).toMatchObject({ state: "done", blocksDone: 8, blocksCached: 4 });
+    const hits = () => rf.metric("rackfeed_cache_hits_total", { tier: "memory" });
+    const before = await hits();
+    await read("p/a.bin", 0, 512 * KiB); // every block of the job: in memory (not on disk, nor at the origin)
+    expect(await hits()).toBe(before + 8);
+  });
+
   it("plans a step range of millions of samples in slices: the event loop is never held for long", async () => {
     await putSyntheticDataset(ws, "tok/d", 2000, 100, 1500);
     const rf = await start(["--read-ahead-seconds", "0", "--memory-bytes", "64MiB"]);
