@@ -110,7 +110,10 @@ export function createApp(deps: AppDeps): Hono {
     documentation: OPENAPI_DOCUMENT,
     excludeStaticFile: false, // "/openapi.json" has a dot but is no static file
   }));
-  app.all("/v1/objects/*", () => {
+  app.all("/v1/objects/*", (c) => {
+    if (c.req.method === "GET" || c.req.method === "HEAD") {
+      throw new CacheServerError("BAD_REQUEST", `No object key in ${new URL(c.req.url).pathname}: expected /v1/objects/{origin}/{key}`);
+    }
     throw new CacheServerError("BAD_REQUEST", "Objects are read-only: use GET or HEAD");
   });
   return app;

@@ -245,7 +245,8 @@ export class FsOrigin implements Origin {
 
   #fail(e: unknown, key: string): OriginError {
     const code = (e as { code?: string }).code;
-    if (code === "ENOENT" || code === "ENOTDIR" || code === "EISDIR") {
+    // A name too long, or a symlink loop, names no object either (not an origin failure).
+    if (code === "ENOENT" || code === "ENOTDIR" || code === "EISDIR" || code === "ENAMETOOLONG" || code === "ELOOP") {
       return new OriginError("OBJECT_NOT_FOUND", `Object "${key}" not found in origin "${this.name}"`, { cause: e });
     }
     if (code === "ETIMEDOUT") {

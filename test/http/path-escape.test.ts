@@ -75,6 +75,23 @@ describe("object keys cannot escape their origin", () => {
     }
   });
 
+  it("answers a key with a name too long, or a symlink loop, with 404 (no object), not 502 (origin failure)", async () => {
+    await symlink(join(ws.origin, "loop-b"), join(ws.origin, "loop-a"));
+    await symlink(join(ws.origin, "loop-a"), join(ws.origin, "loop-b"));
+    for (const target of [`/v1/objects/data/${"x".repeat(300)}`, "/v1/objects/data/loop-a"]) {
+      const res = await rawGet(rf.url, target);
+      expect(res.status, target).toBe(404);
+    }
+  });
+
+  it("names the missing key when a GET has none, instead of calling objects read-only", async () => {
+    for (const target of ["/v1/objects/data", "/v1/objects/data/"]) {
+      const res = await rawGet(rf.url, target);
+      expect(res.status, target).toBe(400);
+      expect(res.text, target).toMatch(/No object key in \/v1\/objects\/data\/?: expected \/v1\/objects\/\{origin\}\/\{key\}/);
+    }
+  });
+
   it("does not follow a symlink that leads outside the origin root", async () => {
     for (const target of ["/v1/objects/data/link-out.txt", "/v1/objects/data/dir-out/secret.txt"]) {
       const res = await rawGet(rf.url, target);
