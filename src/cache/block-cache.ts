@@ -341,6 +341,7 @@ export class BlockCache {
     const t0 = this.#now();
     const promote = background ? new AbortController() : undefined;
     if (promote) this.#promote.set(fill, promote);
+    let group: AbortController | undefined;
     try {
       // Check the lower tier inside the flight: the only place a concurrent fill of the same
       // key cannot race us, so a block is read from disk once however many readers arrive.
@@ -360,7 +361,7 @@ export class BlockCache {
       // The first part that fails fails the block: its other parts are then of no use to anyone,
       // so they leave the origin's queue (or are aborted, on S3) instead of spending slots, and
       // their retries, that other blocks' readers wait for (see `OriginGateway.read`'s group).
-      const group = new AbortController();
+      group = new AbortController();
       // Each waiting part listens to it (and to `promote`): a block of many parts is not a leak.
       setMaxListeners(0, group.signal);
       if (promote) setMaxListeners(0, promote.signal);
@@ -373,6 +374,8 @@ export class BlockCache {
       this.#disk?.write(k, buf);
       this.#onFill((this.#now() - t0) / 1000, "origin");
     } catch (e) {
+      // Parts still queued are of no use now (one failed, or was refused for a full queue).
+      group?.abort(e);
       this.#fillErrors++;
       // A changed object invalidates its metadata so the next request sees the new version.
       if (isCacheServerError(e) && (e.code === "OBJECT_CHANGED" || e.code === "OBJECT_NOT_FOUND")) gw.invalidate(key);

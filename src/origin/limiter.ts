@@ -2,11 +2,15 @@
 
 import { OverloadedError } from "../errors.ts";
 
+/** A queued operation: called when its slot is free; `leave` takes it out of the queue, failing it. */
+type Waiter = (() => void) & { leave?: (reason: unknown) => void };
+
 /**
  * At most `concurrency` operations in flight; more wait in a bounded queue (overload beyond it).
  * Two priorities: foreground (trainers, client requests) and background (prefetch jobs).
- * Background work never takes the last `reserve` slots and never overtakes a waiting
- * foreground operation, so warming a rack cannot starve a trainer.
+ * Background work never takes the last `reserve` slots, never overtakes a waiting foreground
+ * operation, and never takes a foreground operation's place in a full queue (the newest
+ * background waiter gives way, with `OverloadedError`), so warming a rack cannot starve a trainer.
  *
  * @example
  * ```ts
@@ -22,8 +26,8 @@ export class ConcurrencyLimiter {
   /** Slots background work may not take. */
   #reserve: number;
   #active = 0;
-  readonly #queue: Array<() => void> = [];
-  readonly #background: Array<() => void> = [];
+  readonly #queue: Waiter[] = [];
+  readonly #background: Waiter[] = [];
   #peakQueue = 0;
 
   /**
@@ -61,7 +65,9 @@ export class ConcurrencyLimiter {
       this.#active++;
     } else {
       if (this.#queue.length + this.#background.length >= this.#maxQueue) {
-        throw new OverloadedError(`Too many reads waiting for ${this.#what} (${this.#maxQueue} queued); retry shortly`);
+        const givesWay = background ? undefined : this.#background.at(-1);
+        if (!givesWay) throw new OverloadedError(`Too many reads waiting for ${this.#what} (${this.#maxQueue} queued); retry shortly`);
+        givesWay.leave!(new OverloadedError(`Too many reads waiting for ${this.#what} (${this.#maxQueue} queued): a background read gave way to a foreground one; retry shortly`));
       }
       // The slot is counted by #dispatch before the waiter resumes, so no arrival overtakes it.
       const queue = background ? this.#background : this.#queue;
@@ -88,12 +94,13 @@ export class ConcurrencyLimiter {
           this.#queue.push(start);
           this.#dispatch();
         };
-        const start = () => {
+        const start: Waiter = () => {
           signal?.removeEventListener("abort", onAbort);
           gate?.removeEventListener("abort", onGate);
           opts.promote?.removeEventListener("abort", onPromote);
           resolve();
         };
+        start.leave = leave;
         signal?.addEventListener("abort", onAbort, { once: true });
         gate?.addEventListener("abort", onGate, { once: true });
         if (background) opts.promote?.addEventListener("abort", onPromote, { once: true });

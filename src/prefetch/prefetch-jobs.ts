@@ -8,7 +8,7 @@ import { blockIndex, blockSource, planSamples } from "../batch/assemble-batch.ts
 import type { DatasetCatalog } from "../batch/dataset-catalog.ts";
 import { stepSamples } from "../batch/read-ahead.ts";
 import type { BlockCache } from "../cache/block-cache.ts";
-import { badRequest, CacheServerError } from "../errors.ts";
+import { badRequest, CacheServerError, OverloadedError } from "../errors.ts";
 import { validateObjectKey } from "../origin/object-key.ts";
 import type { ObjectInfo } from "../origin/origin.ts";
 import type { OriginGateway } from "../origin/origin-gateway.ts";
@@ -106,6 +106,23 @@ const PLAN_WAIT_MS = 2000;
 const PLAN_STATS = 32;
 /** Longest stretch of step planning between two turns of the event loop (ms). */
 const PLAN_SLICE_MS = 10;
+/** First wait before a block whose read was refused for a full origin queue is tried again (doubled each time, jittered). */
+const OVERLOAD_BACKOFF_MS = 20;
+/** Longest such wait. */
+const OVERLOAD_BACKOFF_MAX_MS = 1000;
+
+/** Waits `ms`, or until `signal` aborts (then at once, without error: the caller checks it). */
+function pause(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal.addEventListener("abort", done, { once: true });
+  });
+}
 
 function sumBytes(tasks: readonly BlockTask[]): number {
   let n = 0;
@@ -394,7 +411,19 @@ export class PrefetchJobs {
     const worker = async () => {
       while (next < tasks.length && !job.abort.signal.aborted) {
         const t = tasks[next++];
-        const cached = await this.#opts.cache.prefetch(t.gw, t.key, t.info, t.index, { tier: p.tier, background: this.#opts.background ?? true });
+        let cached = false;
+        for (let attempt = 0;; attempt++) {
+          try {
+            cached = await this.#opts.cache.prefetch(t.gw, t.key, t.info, t.index, { tier: p.tier, background: this.#opts.background ?? true });
+            break;
+          } catch (e) {
+            // The origin's queue is full (its reads gave way to trainers'): try the block again
+            // later instead of failing the job.
+            if (!(e instanceof OverloadedError) || job.abort.signal.aborted) throw e;
+            await pause(Math.min(OVERLOAD_BACKOFF_MAX_MS, OVERLOAD_BACKOFF_MS * 2 ** attempt) * (0.5 + Math.random() / 2), job.abort.signal);
+            if (job.abort.signal.aborted) return;
+          }
+        }
         if (job.abort.signal.aborted) return;
         p.blocksDone++;
         if (cached) p.blocksCached++;

@@ -133,7 +133,7 @@ describe("a files origin's answers to one request", () => {
     const gw = new OriginGateway(new FsOrigin({ name: "data", root, timeoutMs: 1000 }), { concurrency: 2, maxQueue: 64, metadataTtl: 0 });
     try {
       const bad = await Promise.all(Array.from({ length: 8 }, (_, k) => gw.stat(`${String(k).repeat(300)}.bin`).then(() => "ok", (e) => (e as OriginError).code)));
-      expect(bad).toEqual(Array(8).fill("ORIGIN_UNAVAILABLE")); // ENAMETOOLONG: about this key only
+      expect(bad).toEqual(Array(8).fill("OBJECT_NOT_FOUND")); // ENAMETOOLONG: no such object, and about this key only
       expect(gw.stats().down).toBe(false);
       expect((await gw.stat("good.bin")).size).toBe(4);
     } finally {

@@ -73,6 +73,32 @@ describe("ConcurrencyLimiter", () => {
     // fg1 waited behind the busy slots but still ran before the queued background jobs.
     expect(order.indexOf("fg1")).toBeLessThan(order.indexOf("bg3"));
   });
+
+  it("never refuses foreground work for background waiters: at a full queue the newest background waiter gives way", async () => {
+    const l = new ConcurrencyLimiter({ concurrency: 2, maxQueue: 3, what: "test" });
+    const g = gate();
+    const ran: string[] = [];
+    const op = (name: string, background: boolean) => l.run(async () => {
+      ran.push(name);
+      await g.p;
+    }, { background });
+    const fgBusy = [op("fg-a", false), op("fg-b", false)]; // both slots
+    const bg = [op("bg0", true), op("bg1", true), op("bg2", true)]; // the queue is full of background work
+    bg.forEach((p) => p.catch(() => {}));
+    await expect(op("bg3", true)).rejects.toBeInstanceOf(OverloadedError); // background at a full queue: refused
+    const fg = op("fg-c", false); // foreground at a full queue: bg2 gives way
+    await expect(bg[2]).rejects.toThrow(/a background read gave way to a foreground one/);
+    expect(l.stats()).toMatchObject({ queued: 3, queuedBackground: 2 });
+    // Foreground at a queue full of foreground work is refused as before.
+    const fg2 = op("fg-d", false);
+    const fg3 = op("fg-e", false);
+    await expect(op("fg-f", false)).rejects.toBeInstanceOf(OverloadedError);
+    await expect(bg[1]).rejects.toBeInstanceOf(OverloadedError);
+    await expect(bg[0]).rejects.toBeInstanceOf(OverloadedError);
+    g.open();
+    await Promise.all([...fgBusy, fg, fg2, fg3]);
+    expect(ran.sort()).toEqual(["fg-a", "fg-b", "fg-c", "fg-d", "fg-e"]);
+  });
 });
 
 describe("ConcurrencyLimiter.setConcurrency", () => {

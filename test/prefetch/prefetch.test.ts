@@ -176,6 +176,27 @@ describe("prefetch jobs", () => {
     for (let i = 1; i < events.length; i++) expect(events[i].bytesDone).toBeGreaterThanOrEqual(events[i - 1].bytesDone);
   });
 
+  it("gives way to trainers at a full origin queue and still finishes: no trainer read is refused, no job fails", async () => {
+    for (let i = 0; i < 4; i++) await ws.put(`warm/o${i}.bin`, patternBytes(8 * 16 * KiB, i));
+    await ws.put("fg/t.bin", patternBytes(8 * 16 * KiB, 9));
+    // 16 KiB blocks read in 4 KiB parts, 2 reads at a time, 8 waiting at most: each job alone queues 32 reads.
+    const rf = await start(["--origin-concurrency", "2", "--origin-queue", "8", "--part-bytes", "4KiB", "--memory-bytes", "8MiB"], new SlowOrigin(ws.origin, 15));
+    const jobs = await Promise.all([0, 1, 2, 3].map(async (i) => (await (await submit(rf, { objects: [`data/warm/o${i}.bin`], tier: "memory" })).json()).id as string));
+    const statuses: number[] = [];
+    for (let round = 0; round < 4; round++) {
+      // Two trainer reads of a block each: 8 parts, what the queue holds when background work gives way.
+      const got = await Promise.all([0, 1].map(async (j) => {
+        const b = (round * 2 + j) * 16 * KiB;
+        const res = await fetch(`${rf.url}/v1/objects/data/fg/t.bin`, { headers: { range: `bytes=${b}-${b + 16 * KiB - 1}` } });
+        await res.arrayBuffer();
+        return res.status;
+      }));
+      statuses.push(...got);
+    }
+    expect(statuses).toEqual(Array(8).fill(206));
+    for (const id of jobs) expect(await waitDone(rf, id)).toMatchObject({ state: "done", blocksDone: 8 });
+  }, 60_000);
+
   it("marks the blocks it finds already cached as used, so its own fills evict other blocks, not them", async () => {
     await ws.put("p/a.bin", patternBytes(512 * KiB, 1));
     await ws.put("p/other.bin", patternBytes(768 * KiB, 2));
