@@ -78,6 +78,12 @@ export class BlockCache {
   readonly #fillSource = new WeakMap<BlockFill, "disk" | "origin">();
   /** Background (prefetch) fills: aborting the controller moves their queued reads to the foreground. */
   readonly #promote = new WeakMap<BlockFill, AbortController>();
+  /** Prefetch jobs waiting for each background fill (see `#awaitForPrefetch`). */
+  readonly #prefetchers = new Map<BlockFill, number>();
+  /** Each fill's group: aborting it takes the fill's queued and running origin reads away. */
+  readonly #groups = new WeakMap<BlockFill, AbortController>();
+  /** Fills given up because every prefetch job waiting for them cancelled, with the reason. */
+  readonly #abandoned = new WeakMap<BlockFill, unknown>();
   /** Block keys of each object version, made once (see `keyOf`); weak, so they go with the version. */
   #keys = new WeakMap<ObjectInfo, KeyStrings>();
   /** Keys made since `#keys` was last started over. */
@@ -226,7 +232,7 @@ export class BlockCache {
     key: string,
     info: ObjectInfo,
     index: number,
-    opts: { tier: "memory" | "disk"; background: boolean },
+    opts: { tier: "memory" | "disk"; background: boolean; signal?: AbortSignal },
   ): Promise<boolean> {
     const k = this.keyOf(gw, key, info, index);
     const disk = opts.tier === "disk" ? this.#disk : undefined;
@@ -241,7 +247,7 @@ export class BlockCache {
         this.#flights.set(k, fill);
         this.#runFill(gw, key, info, index, k, fill, opts.background);
       }
-      bytes = await fill.done;
+      bytes = await this.#awaitForPrefetch(k, fill, opts.signal);
     }
     // A block the NVMe tier could not store (write error, full disk, tier smaller than a block) is
     // not "done": the job fails, naming why, instead of reporting a warm disk that is cold.
@@ -249,6 +255,50 @@ export class BlockCache {
       throw new Error(`Cannot store block ${index} of "${key}" in the NVMe tier (see the server log: disk write errors or --disk-bytes)`);
     }
     return false;
+  }
+
+  /**
+   * Waits for a fill on a prefetch job's behalf. When every job waiting for a background fill
+   * has cancelled and nobody else came to need it (it was never promoted), the fill is given
+   * up: it leaves the flights (a later reader starts its own) and its queued origin reads leave
+   * the queue, instead of reading what no one wants.
+   *
+   * @throws the reason of `signal` once it aborts
+   */
+  async #awaitForPrefetch(k: string, fill: BlockFill, signal: AbortSignal | undefined): Promise<Uint8Array> {
+    if (!signal) return await fill.done;
+    signal.throwIfAborted();
+    this.#prefetchers.set(fill, (this.#prefetchers.get(fill) ?? 0) + 1);
+    let onAbort = () => {};
+    const aborted = new Promise<never>((_, reject) => {
+      onAbort = () => {
+        this.#leavePrefetch(k, fill, signal.reason);
+        reject(signal.reason);
+      };
+      signal.addEventListener("abort", onAbort, { once: true });
+    });
+    try {
+      return await Promise.race([fill.done, aborted]);
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+      if (!signal.aborted) this.#leavePrefetch(k, fill, undefined);
+    }
+  }
+
+  /** One prefetch waiter of `fill` is gone (`reason`: it cancelled); the last to cancel gives the fill up. */
+  #leavePrefetch(k: string, fill: BlockFill, reason: unknown): void {
+    const left = (this.#prefetchers.get(fill) ?? 1) - 1;
+    if (left > 0) {
+      this.#prefetchers.set(fill, left);
+      return;
+    }
+    this.#prefetchers.delete(fill);
+    const promote = this.#promote.get(fill);
+    // Only a fill still in flight (settled ones have left), that no reader was promoted into.
+    if (reason === undefined || !promote || promote.signal.aborted || this.#flights.get(k) !== fill) return;
+    this.#flights.delete(k);
+    this.#abandoned.set(fill, reason);
+    this.#groups.get(fill)?.abort(reason);
   }
 
   /** True when a fill of block `index` of this object version is in flight. */
@@ -361,7 +411,10 @@ export class BlockCache {
       // The first part that fails fails the block: its other parts are then of no use to anyone,
       // so they leave the origin's queue (or are aborted, on S3) instead of spending slots, and
       // their retries, that other blocks' readers wait for (see `OriginGateway.read`'s group).
+      // Given up while the disk was checked: no origin read starts.
+      if (this.#abandoned.has(fill)) throw this.#abandoned.get(fill);
       group = new AbortController();
+      this.#groups.set(fill, group);
       // Each waiting part listens to it (and to `promote`): a block of many parts is not a leak.
       setMaxListeners(0, group.signal);
       if (promote) setMaxListeners(0, promote.signal);
@@ -376,13 +429,15 @@ export class BlockCache {
     } catch (e) {
       // Parts still queued are of no use now (one failed, or was refused for a full queue).
       group?.abort(e);
-      this.#fillErrors++;
+      if (!this.#abandoned.has(fill)) this.#fillErrors++; // given up is not failed
+      else fill.done.catch(() => {});
       // A changed object invalidates its metadata so the next request sees the new version.
       if (isCacheServerError(e) && (e.code === "OBJECT_CHANGED" || e.code === "OBJECT_NOT_FOUND")) gw.invalidate(key);
       fill.fail(e);
     } finally {
-      // Deleting on settle means a failure is never cached: the next reader starts a new fill.
-      this.#flights.delete(k);
+      // Deleting on settle means a failure is never cached: the next reader starts a new fill
+      // (which may already be there, if this one was given up).
+      if (this.#flights.get(k) === fill) this.#flights.delete(k);
     }
   }
 

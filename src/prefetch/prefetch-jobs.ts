@@ -414,12 +414,13 @@ export class PrefetchJobs {
         let cached = false;
         for (let attempt = 0;; attempt++) {
           try {
-            cached = await this.#opts.cache.prefetch(t.gw, t.key, t.info, t.index, { tier: p.tier, background: this.#opts.background ?? true });
+            cached = await this.#opts.cache.prefetch(t.gw, t.key, t.info, t.index, { tier: p.tier, background: this.#opts.background ?? true, signal: job.abort.signal });
             break;
           } catch (e) {
+            if (job.abort.signal.aborted) return; // cancelled: its fills nobody else needs are given up
             // The origin's queue is full (its reads gave way to trainers'): try the block again
             // later instead of failing the job.
-            if (!(e instanceof OverloadedError) || job.abort.signal.aborted) throw e;
+            if (!(e instanceof OverloadedError)) throw e;
             await pause(Math.min(OVERLOAD_BACKOFF_MAX_MS, OVERLOAD_BACKOFF_MS * 2 ** attempt) * (0.5 + Math.random() / 2), job.abort.signal);
             if (job.abort.signal.aborted) return;
           }

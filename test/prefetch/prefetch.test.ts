@@ -160,6 +160,23 @@ describe("prefetch jobs", () => {
     expect((await (await fetch(`${rf.url}/prefetch/${job.id}`, { headers: auth })).json()).state).toBe("cancelled");
   });
 
+  it("stop reading from the origin when cancelled, their queued reads of a block's parts included", async () => {
+    await ws.put("slow/x.bin", new Uint8Array(32 * 64 * KiB)); // 32 blocks of 16 parts
+    const origin = new SlowOrigin(ws.origin, 30);
+    const rf = await start(["--block-bytes", "64KiB", "--origin-concurrency", "8", "--part-bytes", "4KiB", "--part-sizing", "fixed"], origin);
+    const job = await (await submit(rf, { objects: ["data/slow/"] })).json();
+    await new Promise((r) => setTimeout(r, 100));
+    // 4 blocks at a time (half the slots), 6 slots for background reads: ~58 parts wait, ~300 ms of reads.
+    expect(await rf.metric("rackfeed_origin_queued_requests", { origin: "data" })).toBeGreaterThan(30);
+    await fetch(`${rf.url}/prefetch/${job.id}`, { method: "DELETE", headers: auth });
+    await new Promise((r) => setTimeout(r, 100)); // reads in flight finish
+    const after = origin.reads;
+    await new Promise((r) => setTimeout(r, 300)); // the queued parts would take 300 ms and more
+    expect(origin.reads).toBe(after);
+    expect(await rf.metric("rackfeed_origin_queued_requests", { origin: "data" })).toBe(0);
+    expect(await rf.metric("rackfeed_cache_fill_errors_total")).toBe(0); // given up, not failed
+  });
+
   it("streams progress as Server-Sent Events that parse, end with the final state, and never go backwards", async () => {
     await ws.put("sse/x.bin", new Uint8Array(20 * 16 * KiB));
     const rf = await start([], new SlowOrigin(ws.origin, 5));
