@@ -306,6 +306,36 @@ describe("shared-memory fast path", () => {
     }
   });
 
+  it("stops reading a peer while hundreds of its messages wait behind an open: a flood stays in its own socket", async () => {
+    const dir = join(ws.dir, "shm-flood");
+    const server = await startServer(ws, [...dataset, "--shm-dir", dir]);
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    // The open waits for the catalog until released: the messages behind it cannot be handled.
+    const catalog = server.server.datasets;
+    const get = catalog.get.bind(catalog);
+    catalog.get = (name: string) => gate.then(() => get(name));
+    const s = net.createConnection({ path: join(dir, `rackfeed-${new URL(server.url).port}.sock`) });
+    try {
+      await new Promise<void>((r, j) => s.once("connect", r).once("error", j));
+      s.on("data", () => {});
+      s.on("error", () => {});
+      const waits = Array.from({ length: 100_000 }, (_, i) => encodeFrame({ t: "wait", step: i }));
+      s.write(Buffer.concat([
+        encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }),
+        encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 4, startStep: 0, notify: "wait" }),
+        ...waits,
+      ]));
+      await sleep(300);
+      // ~1.5 MB sent: the server took what 256 messages and the kernel's buffers hold, no more.
+      expect(s.writableLength).toBeGreaterThan(512 * 1024);
+    } finally {
+      release();
+      s.destroy();
+      await server.close();
+    }
+  });
+
   it("reads nothing more from a peer after an error frame: what it goes on sending stays in its own socket", async () => {
     const path = join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`);
     const s = net.createConnection({ path, allowHalfOpen: true });
