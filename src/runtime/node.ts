@@ -69,7 +69,9 @@ export function listenNode(
       }, GOAWAY_GRACE_MS).unref();
     });
   };
-  const h1 = http.createServer(listener);
+  // Idle keep-alive connections are closed after this (node:http's default, or the idle time if shorter).
+  const keepAliveMs = Math.min(idleMs, H1_KEEP_ALIVE_MS);
+  const h1 = http.createServer({ keepAliveTimeout: keepAliveMs }, listener);
   // h1 gets its connections from the port-sharing server below and never listens itself, so
   // its connection tracking (idle keep-alive sockets closed at shutdown, header and request
   // timeouts) is started here as `listen` would start it.
@@ -77,8 +79,32 @@ export function listenNode(
   if (tls) {
     // A TLS connection that never finishes its handshake is cut after the idle time too (Node's
     // default is 120 s), like a cleartext one that never sends a byte.
-    server = http2.createSecureServer({ ...h2Options, cert: tls.cert, key: tls.key, allowHTTP1: true, handshakeTimeout: idleMs }, listener);
-    server.on("session", track);
+    const secure = http2.createSecureServer({ ...h2Options, cert: tls.cert, key: tls.key, allowHTTP1: true, handshakeTimeout: idleMs }, listener);
+    secure.on("session", track);
+    // HTTP/1.1 over TLS (ALPN http/1.1, or none) is node:http's code run on this server, with
+    // none of an http.Server's timeouts set: a connection that sent no request after its
+    // handshake, or sat idle after a response, was never closed (the file descriptors of
+    // cleartext, again). Until its first request it gets the idle time, as cleartext does;
+    // after a response, the keep-alive timeout.
+    (secure as unknown as { keepAliveTimeout: number }).keepAliveTimeout = keepAliveMs;
+    secure.on("secureConnection", (socket: net.Socket & { alpnProtocol?: string | false }) => {
+      if (socket.alpnProtocol === "h2") return; // a session: closeWhenIdle
+      const idle = () => socket.destroy();
+      socket.setTimeout(idleMs, idle);
+      (socket as unknown as { [FIRST_REQUEST]?: () => void })[FIRST_REQUEST] = () => {
+        socket.setTimeout(0);
+        socket.off("timeout", idle);
+      };
+    });
+    secure.on("request", (req: http.IncomingMessage | http2.Http2ServerRequest) => {
+      const socket = req.socket as unknown as { [FIRST_REQUEST]?: () => void } | undefined;
+      const first = socket?.[FIRST_REQUEST];
+      if (first) {
+        socket![FIRST_REQUEST] = undefined;
+        first();
+      }
+    });
+    server = secure;
   } else {
     const h2 = http2.createServer(h2Options, listener);
     h2.on("session", track);
@@ -208,6 +234,12 @@ const H2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
  * closed by node:http after 5 s, and one whose headers do not come in 60 s too).
  */
 const IDLE_CONNECTION_MS = 60_000;
+
+/** Marks a TLS socket whose first HTTP/1.1 request is still to come (see the secure server in `listenNode`). */
+const FIRST_REQUEST = Symbol("rackfeed.firstRequest");
+
+/** An HTTP/1.1 keep-alive connection with no request is closed after this (node:http's default). */
+const H1_KEEP_ALIVE_MS = 5000;
 
 /**
  * Closes (GOAWAY) an HTTP/2 session that has had no stream open for `idleMs`: a client that sent

@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as http2 from "node:http2";
 import * as net from "node:net";
+import * as tls from "node:tls";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Listener } from "../../src/runtime/listener.ts";
 import { listenNode } from "../../src/runtime/node.ts";
@@ -86,6 +87,51 @@ describe("Node listener: connections without a request", () => {
       try {
         const ms = await closedAfter("", 5000, Number(new URL(tlsListener.url).port));
         expect(ms).toBeLessThan(3000); // Node's own handshake timeout is 120 s
+      } finally {
+        await tlsListener.close();
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("closes an HTTP/1.1 connection over TLS that sends no request after its handshake, or sits idle after a response", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "rackfeed-tls-h1-idle-"));
+    try {
+      const { key, cert } = selfSignedCert(dir, "idle");
+      const tlsListener = await listenNode(() => new Response("ok"), { hostname: "127.0.0.1", port: 0 }, {
+        cert: readFileSync(cert, "utf8"),
+        key: readFileSync(key, "utf8"),
+      }, { idleMs: IDLE_MS });
+      const tlsPort = Number(new URL(tlsListener.url).port);
+      /** ms until the server closes a TLS connection (ALPN as given) after `request` (Infinity: open after 5 s). */
+      const closedAfterTls = (alpn: string[] | undefined, request: string) =>
+        new Promise<{ ms: number; got: string }>((resolve) => {
+          let got = "";
+          let t0 = 0;
+          const s = tls.connect({ port: tlsPort, host: "127.0.0.1", rejectUnauthorized: false, ALPNProtocols: alpn }, () => {
+            t0 = performance.now();
+            if (request) s.write(request);
+          });
+          const timer = setTimeout(() => {
+            s.destroy();
+            resolve({ ms: Infinity, got });
+          }, 5000);
+          s.on("data", (d) => (got += d.toString()));
+          s.on("error", () => {});
+          s.once("close", () => {
+            clearTimeout(timer);
+            resolve({ ms: performance.now() - t0, got });
+          });
+        });
+      try {
+        for (const alpn of [["http/1.1"], undefined]) {
+          const silent = await closedAfterTls(alpn, "");
+          expect(silent.ms, `silent, ALPN ${alpn}`).toBeLessThan(3000);
+          const kept = await closedAfterTls(alpn, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
+          expect(kept.got, `keep-alive, ALPN ${alpn}`).toMatch(/^HTTP\/1\.1 200/);
+          expect(kept.ms, `keep-alive, ALPN ${alpn}`).toBeLessThan(3000);
+        }
       } finally {
         await tlsListener.close();
       }
