@@ -141,6 +141,18 @@ export function parseDatasetConfig(input: unknown): DatasetConfig {
   if (weighted === 0 && sources.length > 1) {
     throw new DatasetConfigError("sources", `${sources.length} sources without weights; a blend needs a weight on every source`);
   }
+  if (weighted > 0) {
+    // Normalised by their sum: a sum that overflows (weights near 1e308) makes every share 0 and
+    // the blend empty, and a share that underflows to 0 drops its source.
+    const sum = sources.reduce((a, s) => a + s.weight!, 0);
+    const k = sources.findIndex((s) => !(s.weight! / sum > 0));
+    if (!Number.isFinite(sum) || k >= 0) {
+      throw new DatasetConfigError(
+        `sources[${Math.max(0, k)}].weight`,
+        `weights must have a finite sum and each a share above 0 of it; received ${sources.map((s) => s.weight).join(", ")}`,
+      );
+    }
+  }
 
   // Megatron's C++ helpers assert seq_length > 1; offsets within a window must fit an int32.
   const seq_length = integerField(raw, "seq_length", 2, 2 ** 31 - 2);

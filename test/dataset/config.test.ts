@@ -60,6 +60,13 @@ describe("parseDatasetConfig()", () => {
     expectFieldError(two("1"), "sources[1].weight");
   });
 
+  it("parseDatasetConfig() refuses weights whose sum overflows or whose share of it underflows to 0 (the blend would be empty, or drop a source)", () => {
+    const two = (a: number, b: number) => ({ ...base, sources: [{ prefix: "a", weight: a }, { prefix: "b", weight: b }] });
+    expectFieldError(two(1e308, 1e308), "sources[0].weight", /finite sum/);
+    expectFieldError(two(1e300, 1e-300), "sources[1].weight", /share above 0/);
+    expect(parseDatasetConfig(two(3, 1e-10)).sources.map((s) => s.weight)).toEqual([3, 1e-10]); // small, but a share
+  });
+
   it("parseDatasetConfig() refuses several sources without weights, and a mix of weighted and unweighted", () => {
     expectFieldError({ ...base, sources: [{ prefix: "a" }, { prefix: "b" }] }, "sources", /without weights/);
     expectFieldError({ ...base, sources: [{ prefix: "a", weight: 1 }, { prefix: "b" }] }, "sources[1].weight", /every source needs one/);
