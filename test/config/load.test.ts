@@ -146,6 +146,11 @@ describe("loadConfig batch bodies", () => {
     );
     expect(load(["--batch-pool-bytes", "0"]).batchPoolBytes).toBe(0);
   });
+
+  it("refuses a --max-batch-bytes over 4 GiB at start-up (Node allocates no larger buffer: such a batch was a 500)", () => {
+    expect(load(["--max-batch-bytes", "4GiB"]).maxBatchBytes).toBe(4 * 2 ** 30);
+    expect(() => load(["--max-batch-bytes", "16GiB"])).toThrow(/--max-batch-bytes.*between 4096 and 4294967296 bytes, received 17179869184/);
+  });
 });
 
 describe("loadConfig integer settings", () => {
