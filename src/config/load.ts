@@ -1,5 +1,6 @@
 /** @module Turns flags, environment and an optional JSON config file into one validated, frozen `Config` at start-up. */
 
+import { createSecureContext } from "node:tls";
 import { parseArgs } from "node:util";
 import { TUNABLES, type TunableKey } from "./defaults.ts";
 
@@ -275,6 +276,13 @@ export function loadConfig(src: ConfigSources): Config {
       return pem;
     };
     tls = Object.freeze({ cert: read("--tls-cert", values.tlsCert as string), key: read("--tls-key", values.tlsKey as string) });
+    try {
+      // A PEM that does not parse, or a key that is not the certificate's, fails here (exit 2)
+      // rather than in listen, as "cannot listen" (exit 1).
+      createSecureContext({ cert: tls.cert, key: tls.key });
+    } catch (e) {
+      throw new ConfigError(`Invalid --tls-cert/--tls-key (${values.tlsCert}, ${values.tlsKey}): ${(e as Error).message}`, { cause: e });
+    }
   }
 
   return Object.freeze({

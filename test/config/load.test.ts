@@ -1,4 +1,8 @@
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { describe, expect, it } from "vitest";
+import { selfSignedCert } from "../helpers/tls.ts";
 import { TUNABLES } from "../../src/config/defaults.ts";
 import { errorOf, load } from "../helpers/config.ts";
 import { formatBytes, parseDuration, parseSize } from "../../src/config/size.ts";
@@ -133,6 +137,29 @@ describe("loadConfig origin concurrency", () => {
     expect(() => load(["--origin-concurrency", "32", "--origin-concurrency-max", "16"])).toThrow(
       /--origin-concurrency-max: 16 is below --origin-concurrency 32/,
     );
+  });
+});
+
+describe("loadConfig TLS", () => {
+  it("refuses at start-up a certificate that does not parse, or a key that is not the certificate's, naming both flags", () => {
+    const dir = mkdtempSync(join(tmpdir(), "rackfeed-tls-config-"));
+    try {
+      const a = selfSignedCert(dir, "a");
+      const b = selfSignedCert(dir, "b");
+      const files = {
+        "/srv/a-cert.pem": readFileSync(a.cert, "utf8"),
+        "/srv/a-key.pem": readFileSync(a.key, "utf8"),
+        "/srv/b-key.pem": readFileSync(b.key, "utf8"),
+        "/srv/junk.pem": "-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n",
+      };
+      expect(load(["--tls-cert", "a-cert.pem", "--tls-key", "a-key.pem"], {}, files).tls?.cert).toContain("BEGIN");
+      const mismatch = errorOf(() => load(["--tls-cert", "a-cert.pem", "--tls-key", "b-key.pem"], {}, files));
+      expect(mismatch.message).toMatch(/Invalid --tls-cert\/--tls-key \(a-cert\.pem, b-key\.pem\): .*mismatch/);
+      const junk = errorOf(() => load(["--tls-cert", "junk.pem", "--tls-key", "a-key.pem"], {}, files));
+      expect(junk.message).toMatch(/Invalid --tls-cert\/--tls-key \(junk\.pem, a-key\.pem\)/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 
