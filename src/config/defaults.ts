@@ -114,8 +114,10 @@ const text: Parser<string> = (raw, what) => {
 
 const token: Parser<string> = (raw, what) => {
   const v = text(raw, what);
-  if (v.length < 8 || /\s/.test(v)) {
-    throw new RangeError(`Invalid ${what}: expected at least 8 characters without spaces`);
+  // Visible ASCII only (RFC 6750 tokens): HTTP headers carry bytes, which Node reads as Latin-1,
+  // so a token with other characters could never match the one a client sends.
+  if (v.length < 8 || !/^[\x21-\x7e]+$/.test(v)) {
+    throw new RangeError(`Invalid ${what}: expected at least 8 visible ASCII characters (no spaces, no other characters)`);
   }
   return v;
 };

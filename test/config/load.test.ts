@@ -85,6 +85,8 @@ describe("loadConfig", () => {
     [["--origin", "a=relative/but/fine", "--origin", "b@d=/x"], /origin/i],
     [["--origin", "x=http://example.com/data"], /--origin x/],
     [["--read-token", "short"], /--read-token.*at least 8/],
+    [["--admin-token", "pässwörd-with-umlauts"], /--admin-token.*visible ASCII/],
+    [["--read-token", "token with spaces"], /--read-token.*visible ASCII/],
     [["--no-such-flag", "1"], /no-such-flag/],
     [["--metadata-ttl", "2 weeks"], /--metadata-ttl/],
     [["--native-gather-threads", "0"], /--native-gather-threads: expected auto or an integer from 1 to 64, received "0"/],
