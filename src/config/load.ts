@@ -153,6 +153,8 @@ export function loadConfig(src: ConfigSources): Config {
 
   const values: Record<string, unknown> = {};
   const fromDefault = new Set<string>();
+  /** Where each value came from (a flag, a variable, the config file): named in later errors. */
+  const sourceOf: Record<string, string> = {};
   for (const [key, t] of Object.entries(TUNABLES) as [TunableKey, (typeof TUNABLES)[TunableKey]][]) {
     const candidates: [unknown, string][] = [
       [flags[t.flag.slice(2)], t.flag],
@@ -166,6 +168,7 @@ export function loadConfig(src: ConfigSources): Config {
       continue;
     }
     const [raw, what] = hit;
+    sourceOf[key] = what;
     if (hit === candidates[3]) fromDefault.add(key);
     if (typeof raw !== "string" && typeof raw !== "number") {
       throw new ConfigError(`Invalid ${what}: expected a string or number, received ${JSON.stringify(raw)}`);
@@ -291,7 +294,7 @@ export function loadConfig(src: ConfigSources): Config {
     tls,
     shmDir: values.shmDir === "off" ? undefined : resolvePath(values.shmDir as string, src.cwd),
     shmSocket: values.shmSocket === undefined ? undefined : resolvePath(values.shmSocket as string, src.cwd),
-    listen: Object.freeze(parseListen(values.listen as string)),
+    listen: Object.freeze(parseListen(values.listen as string, sourceOf.listen)),
     cacheDir: resolvePath(values.cacheDir as string, src.cwd),
     origins: Object.freeze([...origins.values()]),
     datasets: Object.freeze([...datasets.values()]),
@@ -335,14 +338,15 @@ function readConfigFile(path: string, read: (p: string) => string): Record<strin
  * Parses `HOST:PORT`, `[v6]:PORT` or `:PORT` (loopback).
  *
  * @param text the listen address
+ * @param what where it came from (a flag, a variable, the config file), named in the error
  * @returns hostname and port
  * @throws {ConfigError} when the text is not an address
  */
-export function parseListen(text: string): { hostname: string; port: number } {
+export function parseListen(text: string, what = "--listen"): { hostname: string; port: number } {
   const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\[\]]*)):(\d{1,5})$/.exec(text);
   const port = m ? Number(m[3]) : NaN;
   if (!m || port > 65535) {
-    throw new ConfigError(`Invalid --listen "${text}": expected HOST:PORT, e.g. 127.0.0.1:8080 or [::1]:8080`);
+    throw new ConfigError(`Invalid ${what} "${text}": expected HOST:PORT, e.g. 127.0.0.1:8080 or [::1]:8080`);
   }
   return { hostname: m[1] ?? (m[2] || "127.0.0.1"), port };
 }

@@ -98,6 +98,11 @@ describe("loadConfig", () => {
     });
   }
 
+  it("names where a bad listen address came from: the flag, the environment variable or the config file", () => {
+    expect(errorOf(() => load(["--listen", "nope"])).message).toMatch(/Invalid --listen "nope"/);
+    expect(errorOf(() => load([], { RACKFEED_LISTEN: "nope" })).message).toMatch(/Invalid environment variable RACKFEED_LISTEN "nope"/);
+  });
+
   it("reads --native-gather-threads as auto (0) or a thread count", () => {
     expect(load([]).nativeGatherThreads).toBe(0);
     expect(load(["--native-gather-threads", "auto"]).nativeGatherThreads).toBe(0);
