@@ -10,8 +10,11 @@ import {
   buildFromIndexFiles,
   DatasetConfigError,
   type DatasetConfig,
+  DTYPE_CODES,
+  IDX_HEADER_BYTES,
   type IndexBuildInput,
   parseDatasetConfig,
+  splitBookends,
   type TokenDataset,
 } from "../dataset/mod.ts";
 import { CacheServerError } from "../errors.ts";
@@ -61,11 +64,35 @@ export interface DatasetCatalogOptions {
 }
 
 /**
- * Datasets up to this much `.idx` plus samples are built on the event loop (~10 ms at most here);
- * larger ones go to `buildOffThread`, whose thread costs 0.1–0.5 s to start. Counted as `.idx`
- * bytes + 16 × the samples asked for (a 95 MiB `.idx` and 2.4 M samples took 0.9 s here).
+ * Datasets up to this much work are built on the event loop (~10 ms at most here); larger ones
+ * go to `buildOffThread`, whose thread costs 0.1–0.5 s to start. Work as `buildWork` counts it
+ * (a 95 MiB `.idx` and 2.4 M samples took 0.9 s here).
  */
 export const INLINE_BUILD_MAX = 1 << 20;
+
+/**
+ * A build's work, in bytes it reads or fills: the `.idx` files, 16 per sample asked for, and 8
+ * per entry of each source's document index, one entry per document and epoch. Epochs are
+ * counted from the tokens of the source's `.bin` in the split (at most all samples from each
+ * source): a small corpus read for many epochs (a long `seq_length`) has a document index far
+ * larger than its `.idx` (60 000 samples of 2 M tokens over the demo files: 10 s of building).
+ */
+export function buildWork(input: IndexBuildInput): number {
+  const { config } = input;
+  const b = splitBookends(config.split);
+  const share = b[config.split_index + 1] - b[config.split_index];
+  let work = 16 * config.num_samples;
+  input.idx.forEach((idx, k) => {
+    work += idx.length;
+    if (idx.length < IDX_HEADER_BYTES) return; // refused by the build, naming the file
+    const view = new DataView(idx.buffer, idx.byteOffset, idx.byteLength);
+    const documents = Math.max(1, view.getUint32(26, true) + view.getUint32(30, true) * 2 ** 32 - 1);
+    const tokens = (share * input.binSizes[k]) / (DTYPE_CODES[idx[17]]?.itemSize ?? 1);
+    const epochs = Math.ceil((config.num_samples * config.seq_length) / Math.max(1, tokens));
+    work += 8 * documents * epochs * share;
+  });
+  return work;
+}
 /** Longest stretch (ms) an `.idx` is copied for before other work gets the event loop. */
 const READ_SLICE_MS = 5;
 
@@ -244,8 +271,7 @@ export class DatasetCatalog {
       paths: files.map((f) => `${f.gw.name}/${f.idxKey}`),
       binSizes: files.map((f) => f.bin.size),
     };
-    const work = input.idx.reduce((n, b) => n + b.length, 0) + 16 * config.num_samples;
-    const offThread = work > INLINE_BUILD_MAX ? this.#opts.buildOffThread : undefined;
+    const offThread = buildWork(input) > INLINE_BUILD_MAX ? this.#opts.buildOffThread : undefined;
     this.#builds[offThread ? "worker" : "eventLoop"]++;
     signal?.throwIfAborted();
     // At most OFF_THREAD_BUILDS at once: each holds its .idx and its arrays (~240 MiB for 10 G tokens).

@@ -61,6 +61,16 @@ describe("dataset builds", () => {
     }
   });
 
+  it("counts the epochs of a small corpus read with long windows as work: its document index is built on a worker too", async () => {
+    await putSyntheticDataset(ws, "small", 50, 20, 400, 4); // ~10 k tokens
+    const rf = await startServer(ws, ["--admin-token", ADMIN], { buildOffThread: workerIndexBuilder("node") });
+    servers.push(rf);
+    // 500 samples of 100 000 tokens: ~5 000 epochs of 50 documents, though its .idx and samples are a few KiB.
+    await register(rf, "long", { sources: [{ prefix: "data/small" }], seq_length: 100_000, seed: 2, split: "100,0,0", split_index: 0, num_samples: 500 });
+    await register(rf, "short", { sources: [{ prefix: "data/small" }], seq_length: 128, seed: 2, split: "100,0,0", split_index: 0, num_samples: 50 });
+    expect(await builds(rf)).toEqual({ event_loop: 1, worker: 1 });
+  });
+
   it("answers 409 to an overtaken registration being built on a worker (its worker is ended), and serves the later one", async () => {
     await putSyntheticDataset(ws, "huge", 200_000, 20, 400, 5); // a build of seconds on this box
     await putSyntheticDataset(ws, "small", 50, 20, 400, 4);
