@@ -78,6 +78,8 @@ export class BlockCache {
   readonly #fillSource = new WeakMap<BlockFill, "disk" | "origin">();
   /** Background (prefetch) fills: aborting the controller moves their queued reads to the foreground. */
   readonly #promote = new WeakMap<BlockFill, AbortController>();
+  /** Fills running (`#runFill`), until they have stored their block or failed; `close()` waits for them. */
+  readonly #running = new Set<Promise<void>>();
   /** Prefetch jobs waiting for each background fill (see `#awaitForPrefetch`). */
   readonly #prefetchers = new Map<BlockFill, number>();
   /** Each fill's group: aborting it takes the fill's queued and running origin reads away. */
@@ -245,7 +247,7 @@ export class BlockCache {
         const length = Math.min(this.#blockBytes, info.size - index * this.#blockBytes);
         fill = new BlockFill(length, Math.min(length, gw.partBytes() ?? this.#partBytes));
         this.#flights.set(k, fill);
-        this.#runFill(gw, key, info, index, k, fill, opts.background);
+        this.#track(this.#runFill(gw, key, info, index, k, fill, opts.background));
       }
       bytes = await this.#awaitForPrefetch(k, fill, opts.signal);
     }
@@ -375,7 +377,7 @@ export class BlockCache {
     const length = Math.min(this.#blockBytes, info.size - index * this.#blockBytes);
     const fill = new BlockFill(length, Math.min(length, gw.partBytes() ?? this.#partBytes));
     this.#flights.set(k, fill);
-    this.#runFill(gw, key, info, index, k, fill);
+    this.#track(this.#runFill(gw, key, info, index, k, fill));
     return fill;
   }
 
@@ -441,6 +443,11 @@ export class BlockCache {
     }
   }
 
+  #track(fill: Promise<void>): void {
+    this.#running.add(fill);
+    void fill.finally(() => this.#running.delete(fill));
+  }
+
   /** A snapshot of the counters. */
   stats(): BlockCacheStats {
     return {
@@ -462,7 +469,8 @@ export class BlockCache {
   async close(graceMs = CLOSE_GRACE_MS): Promise<void> {
     let timer: ReturnType<typeof setTimeout> | undefined;
     await Promise.race([
-      Promise.allSettled([...this.#flights.values()].map((f) => f.done)),
+      // Every fill still running: given-up fills have left the flights but may still land a block.
+      Promise.allSettled([...this.#running]),
       new Promise<void>((r) => (timer = setTimeout(r, graceMs))),
     ]);
     clearTimeout(timer);
