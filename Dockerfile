@@ -25,6 +25,6 @@ VOLUME ["/cache"]
 EXPOSE 8080
 
 # FFI for the native gather only (batches copied with memcpy; without it, in JavaScript).
-ENTRYPOINT ["node_modules/.bin/deno", "run", "--allow-net", "--allow-read", "--allow-write", "--allow-env", "--allow-sys", "--allow-ffi=/app/native/build/librackfeed.so", "src/main.ts"]
+ENTRYPOINT ["node_modules/.bin/deno", "run", "--no-prompt", "--allow-net", "--allow-read", "--allow-write", "--allow-env", "--allow-sys", "--allow-ffi=/app/native/build/librackfeed.so", "src/main.ts"]
 # The demo on all interfaces of the container; pass `serve --origin NAME=/path ...` to serve real data.
 CMD ["demo", "--listen", "0.0.0.0:8080", "--cache-dir", "/cache"]

@@ -44,7 +44,7 @@ else
 fi
 
 echo "== deno test"
-NO_COLOR=1 DENO_NO_UPDATE_CHECK=1 node_modules/.bin/deno test -A test/runtime/deno/ 2>&1 | tee "$OUT/deno.txt"
+NO_COLOR=1 DENO_NO_UPDATE_CHECK=1 node_modules/.bin/deno test -A --v8-flags=--expose-gc test/runtime/deno/ 2>&1 | tee "$OUT/deno.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 summary=$(grep -E '^(ok|FAILED) \| [0-9]+ passed' "$OUT/deno.txt" | tail -1)
 if [ -n "$summary" ]; then

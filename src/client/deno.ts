@@ -6,7 +6,7 @@
  */
 
 import { canMapDeno, mapFileDeno } from "../runtime/libc-deno.ts";
-import { connectUnix, localTransport as readingTransport, mappedRing, nextTurn, STORES_IN_ORDER } from "./node.ts";
+import { checkRingSize, connectUnix, localTransport as readingTransport, mappedRing, nextTurn, STORES_IN_ORDER } from "./node.ts";
 import { RackfeedClient, type RackfeedClientOptions } from "./client.ts";
 import type { LocalTransport } from "./shm-consumer.ts";
 
@@ -48,6 +48,7 @@ export function localTransport(): LocalTransport {
     connect: connectUnix,
     pollSlots: STORES_IN_ORDER,
     nextTurn,
-    openRing: (path: string, bytes: number) => mappedRing(mapFileDeno(path, bytes, false)),
+    // Deno hands out the mapping as an ArrayBuffer a caller can transfer: never unmapped (see mappedRing).
+    openRing: (path: string, bytes: number) => mappedRing(mapFileDeno(checkRingSize(path, bytes), bytes, false), { unmap: false }),
   };
 }

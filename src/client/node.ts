@@ -64,7 +64,7 @@ export function localTransport(opts: { map?: boolean } = {}): LocalTransport {
   const map = opts.map === false ? undefined : loadNodeMapping();
   return {
     connect: connectUnix,
-    openRing: map ? (path, bytes) => mappedRing(map(path, bytes, false)) : readRing,
+    openRing: map ? (path, bytes) => mappedRing(map(checkRingSize(path, bytes), bytes, false)) : readRing,
     pollSlots: STORES_IN_ORDER,
     nextTurn,
   };
@@ -83,9 +83,14 @@ const unmapWhenCollected = new FinalizationRegistry<() => void>((unmap) => unmap
  * A ring reader over a read-only mapping of the ring. Closing it releases the ring's pages
  * (views kept past the iterator read zeros from then on); the address range is unmapped once
  * no view of it is reachable.
+ *
+ * @param opts `unmap: false` where the runtime lets a caller move the mapping's memory to
+ * another ArrayBuffer (Deno: `transfer()`, or a transfer list): the buffer the finalizer watches
+ * is then collected while the new one still points at the memory, so the range is never unmapped,
+ * only its pages released (zeros, no memory used; the address range stays reserved)
  */
-export function mappedRing(m: MappedFile): RingReader {
-  unmapWhenCollected.register(m.bytes.buffer, m.unmap);
+export function mappedRing(m: MappedFile, opts: { unmap?: boolean } = {}): RingReader {
+  unmapWhenCollected.register(m.bytes.buffer, opts.unmap === false ? () => m.release() : m.unmap);
   return { mapped: m.bytes, read: (offset, into) => into.set(m.bytes.subarray(offset, offset + into.length)), close: () => m.release() };
 }
 
@@ -138,6 +143,18 @@ export function connectUnix(path: string): Promise<LocalSocket> {
       });
     });
   });
+}
+
+/**
+ * `path`, once its file is found to hold the `bytes` the server announced: a mapping past a
+ * file's end faults (SIGBUS) when read, so a short file (a server that misbehaves) is refused here.
+ *
+ * @throws {Error} when the file is shorter
+ */
+export function checkRingSize(path: string, bytes: number): string {
+  const size = fs.statSync(path).size;
+  if (size < bytes) throw new Error(`Ring ${path} has ${size} bytes, expected ${bytes}`);
+  return path;
 }
 
 function readRing(path: string, bytes: number): RingReader {

@@ -25,7 +25,11 @@ const SO_PEERCRED = 17;
 let libc: Deno.DynamicLibrary<typeof LIBC_SYMBOLS> | undefined;
 
 function lib() {
-  libc ??= Deno.dlopen("libc.so.6", LIBC_SYMBOLS);
+  if (!libc) {
+    // Asked first: without the permission, dlopen would prompt on a terminal and wait for an answer.
+    if (Deno.permissions.querySync({ name: "ffi" }).state !== "granted") throw new Error("no FFI permission for libc");
+    libc = Deno.dlopen("libc.so.6", LIBC_SYMBOLS);
+  }
   return libc;
 }
 
@@ -43,8 +47,12 @@ export function mapFileDeno(path: string, bytes: number, writable: boolean): Map
   const fd = c.open(new TextEncoder().encode(`${path}\0`), writable ? O_RDWR : O_RDONLY, 0);
   if (fd < 0) throw new Error(`Cannot open ${path} to map it`);
   // MAP_FAILED is (void*)-1.
-  const ptr = c.mmap(null, BigInt(bytes), writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0n);
-  c.close(fd); // the mapping keeps the file
+  let ptr: Deno.PointerValue;
+  try {
+    ptr = c.mmap(null, BigInt(bytes), writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0n);
+  } finally {
+    c.close(fd); // the mapping keeps the file
+  }
   if (ptr === null || Deno.UnsafePointer.value(ptr) === 0xffffffffffffffffn) throw new Error(`Cannot map ${bytes} bytes of ${path}`);
   return mappedView(
     new Uint8Array(Deno.UnsafePointerView.getArrayBuffer(ptr, bytes)),

@@ -4,7 +4,11 @@
  * "Shared-memory protocol" section is the same thing in prose, for clients in other languages.
  */
 
-import { pack, unpack } from "msgpackr";
+// The pack/unpack entry points, not the package's main one: on Node and Deno that one loads
+// msgpackr-extract, a native addon, which a Deno without --allow-ffi stops to ask permission for
+// on a terminal (and control frames are too small to gain from it).
+import { pack } from "msgpackr/pack";
+import { unpack } from "msgpackr/unpack";
 
 /**
  * Protocol version sent in `hello` and checked by both ends. 2: slots taken in a fixed order,

@@ -189,6 +189,8 @@ export async function takeRingOwnerLock(dir: string, pid: number, instance: stri
  * @param isAlive whether a process id is running
  * @param self this server's process id and instance
  * @param lockFile the runtime's flock, to test other servers' locks
+ * @param log told of a file that cannot be removed (another user's, in a shared sticky
+ * directory): it is left, and the sweep goes on
  * @returns the files removed
  */
 export async function removeDeadRings(
@@ -196,6 +198,7 @@ export async function removeDeadRings(
   isAlive: (pid: number) => boolean,
   self?: { pid: number; instance: string },
   lockFile?: LockFile,
+  log: (message: string, err?: unknown) => void = () => {},
 ): Promise<string[]> {
   const removed: string[] = [];
   let names: string[];
@@ -229,12 +232,19 @@ export async function removeDeadRings(
       const earlierSelf = self !== undefined && o.pid === self.pid;
       if (!earlierSelf && isAlive(o.pid)) continue;
     }
-    // Rings first, the lock file last: a sweep that stops midway leaves the lock to say who owned them.
-    for (const name of o.files.sort((a, b) => Number(a === lockName) - Number(b === lockName))) {
-      fs.rmSync(`${dir}/${name}`, { force: true });
-      removed.push(name);
+    try {
+      // Rings first, the lock file last: a sweep that stops midway leaves the lock to say who owned them.
+      for (const name of o.files.sort((a, b) => Number(a === lockName) - Number(b === lockName))) {
+        try {
+          fs.rmSync(`${dir}/${name}`, { force: true });
+          removed.push(name);
+        } catch (e) {
+          log(`rackfeed: cannot remove ${dir}/${name}, a ring file of a server that is gone; remove it by hand`, e);
+        }
+      }
+    } finally {
+      await held?.release();
     }
-    await held?.release();
   }
   return removed;
 }

@@ -181,7 +181,7 @@ export class ShmServer {
   }
 
   static async #listen(opts: ShmServerOptions, ownerLock: FileLock | undefined): Promise<ShmServer> {
-    const removed = await removeDeadRings(opts.dir, opts.isAlive, { pid: opts.pid, instance: opts.instance }, opts.lockFile);
+    const removed = await removeDeadRings(opts.dir, opts.isAlive, { pid: opts.pid, instance: opts.instance }, opts.lockFile, opts.log);
     if (removed.length) opts.log(`rackfeed: removed ${removed.length} ring file(s) of dead servers from ${opts.dir}`);
     const existing = fs.lstatSync(opts.socketPath, { throwIfNoEntry: false });
     if (existing) {

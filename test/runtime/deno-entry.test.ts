@@ -1,5 +1,6 @@
+import { spawn, spawnSync } from "node:child_process";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { expectSameBytes, makeWorkspace, rawGet, patternBytes, type Workspace } from "../helpers/rackfeed.ts";
+import { expectSameBytes, makeWorkspace, rawGet, patternBytes, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { type ChildServer, DENO, ROOT, startChild } from "../helpers/spawn.ts";
 
 const body = patternBytes(3 * 65536 + 77, 9);
@@ -81,6 +82,27 @@ describe("the Deno entry with the Docker image's permissions (no -A)", () => {
       expectSameBytes(new Uint8Array(await (await fetch(`${child.url}/v1/objects/data/shard.bin`)).arrayBuffer()), body);
     } finally {
       await child.stop();
+    }
+  }, 120_000);
+
+  it("starts from a terminal with the image's permissions (FFI for its own library only) without stopping at a permission prompt", async () => {
+    // `script` gives the server a terminal: Deno prompts only there, and a prompt waits for ever
+    // (msgpackr's native addon and libc for ring mappings asked for FFI before).
+    const serve = [
+      DENO, "run", "--allow-net", "--allow-read", "--allow-write", "--allow-env", "--allow-sys", `--allow-ffi=${ROOT}native/build/librackfeed.so`, `${ROOT}src/main.ts`, "serve",
+      "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`, "--cache-dir", `${ws.dir}/c-tty`, "--shm-dir", `${ws.dir}/shm-tty`,
+    ].join(" ");
+    const child = spawn("script", ["-qec", serve, "/dev/null"], { stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    child.stdout.on("data", (d) => (out += String(d)));
+    try {
+      // The banner's last line (the shared-memory line comes before it), or a prompt.
+      await waitFor(() => /Batch copies/.test(out) || /Allow\?/.test(out), "the server's banner, or a prompt", 60_000);
+      expect(out).not.toMatch(/Allow\?/);
+      expect(out).toMatch(/rings in .* \(pwrite\)/); // no FFI for libc: rings are written, not mapped
+    } finally {
+      child.kill("SIGKILL");
+      spawnSync("pkill", ["-f", `${ws.dir}/c-tty`]);
     }
   }, 120_000);
 });

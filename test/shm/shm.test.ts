@@ -1,7 +1,8 @@
 import { execFile, execFileSync, spawn } from "node:child_process";
 import { unpack } from "msgpackr";
 import { promisify } from "node:util";
-import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, statfsSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, statfsSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import * as net from "node:net";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -706,6 +707,37 @@ describe("shared-memory fast path", () => {
       }
     } finally {
       await second.close();
+    }
+  });
+
+  it("refuses to map a ring file shorter than the server announced (reading the mapping past its end would be SIGBUS)", () => {
+    const path = join(ws.dir, "short.ring");
+    writeFileSync(path, new Uint8Array(8192));
+    expect(() => localTransport().openRing(path, 16384)).toThrow(/short\.ring has 8192 bytes, expected 16384/);
+    expect(localTransport().openRing(path, 8192).mapped?.length).toBe(8192);
+  });
+
+  it("sweeps past a dead server's ring it may not remove (another user's, in a shared sticky directory), naming it", async () => {
+    // Outside the workspace (mode 0700), so that a sweep running as nobody can reach it.
+    const dir = mkdtempSync(join(tmpdir(), "rackfeed-sticky-"));
+    try {
+      chmodSync(dir, 0o1777);
+      writeFileSync(join(dir, "rackfeed-ring-4242-r00t-1.ring"), new Uint8Array(8192)); // root's, in a sticky directory
+      // The sweep as nobody (uid 65534), in a child: it may not unlink root's file here.
+      const script = `import { removeDeadRings } from ${JSON.stringify(`${ROOT}src/shm/ring-file.ts`)};
+        const logged = [];
+        const removed = await removeDeadRings(${JSON.stringify(dir)}, () => false, undefined, undefined, (m) => logged.push(m));
+        console.log(JSON.stringify({ removed, logged }));`;
+      const file = join(dir, "sweep.mts");
+      writeFileSync(file, script);
+      chmodSync(file, 0o644);
+      const { stdout } = await promisify(execFile)(NODE, [...NODE_TS, file], { uid: 65534, gid: 65534, encoding: "utf8", timeout: 30_000, cwd: dir });
+      const got = JSON.parse(stdout.trim().split("\n").at(-1)!);
+      expect(got.removed).toEqual([]);
+      expect(got.logged.join("\n")).toMatch(/cannot remove .*rackfeed-ring-4242-r00t-1\.ring, a ring file of a server that is gone; remove it by hand/);
+      expect(existsSync(join(dir, "rackfeed-ring-4242-r00t-1.ring"))).toBe(true);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 

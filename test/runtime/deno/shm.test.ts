@@ -3,7 +3,7 @@
 
 import assert from "node:assert/strict";
 import * as net from "node:net";
-import { createClient } from "../../../src/client/deno.ts";
+import { createClient, localTransport } from "../../../src/client/deno.ts";
 import { loadConfig } from "../../../src/config/load.ts";
 import { encodeIndex } from "../../../src/dataset/mod.ts";
 import { denoBody, isAlive, listenDeno } from "../../../src/runtime/deno.ts";
@@ -158,6 +158,29 @@ Deno.test("createClient trusts a given CA and reads over HTTPS when the server i
   } finally {
     await listener.close();
     await server.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("a batch's buffer moved to another owner stays readable once the mapping's first buffer is collected (the range is never unmapped under it)", async () => {
+  const gc = (globalThis as { gc?: () => void }).gc;
+  assert.equal(typeof gc, "function", "run with --v8-flags=--expose-gc (npm test does)");
+  const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-transfer-" });
+  try {
+    const path = `${dir}/ring`;
+    await Deno.writeFile(path, new Uint8Array(1 << 20).fill(7));
+    let reader: ReturnType<ReturnType<typeof localTransport>["openRing"]> | undefined = localTransport().openRing(path, 1 << 20);
+    assert.ok(reader.mapped, "the ring is mapped");
+    // A trainer handing its batch to a worker: the ArrayBuffer over the mapping is transferred.
+    const moved = structuredClone(reader.mapped.buffer, { transfer: [reader.mapped.buffer as ArrayBuffer] });
+    reader = undefined;
+    for (let i = 0; i < 20; i++) {
+      gc!();
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    // The process is alive to read it (an unmapped range was SIGSEGV): the bytes, or zeros once released.
+    assert.ok([0, 7].includes(new Uint8Array(moved)[12345]));
+  } finally {
     await Deno.remove(dir, { recursive: true });
   }
 });
