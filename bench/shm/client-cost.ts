@@ -20,6 +20,7 @@
 
 import { existsSync, readFileSync, mkdtempSync, rmSync } from "node:fs";
 import { spawn, spawnSync } from "node:child_process";
+import { setImmediate } from "node:timers";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import process from "node:process";
@@ -93,7 +94,7 @@ class EagerRing {
 function eagerTransport(ring: EagerRing): LocalTransport {
   return {
     pollSlots: true,
-    nextTurn: () => new Promise((r) => setTimeout(r, 0)),
+    nextTurn: () => new Promise((r) => setImmediate(r)),
     openRing: () => ({ mapped: ring.bytes, read: (offset, into) => into.set(ring.bytes.subarray(offset, offset + into.length)), close: () => {} }),
     connect: (): Promise<LocalSocket> => {
       const decoder = new FrameDecoder();

@@ -186,6 +186,13 @@ function checkInt(v: unknown, what: string, min: number, max = Number.MAX_SAFE_I
   }
 }
 
+/** A time in ms: a number from 0 (fractions allowed), and Infinity only where `infinite` (a NaN would turn a limit off unseen). */
+function checkMs(v: unknown, what: string, infinite: boolean): void {
+  if (typeof v !== "number" || Number.isNaN(v) || v < 0 || (!infinite && !Number.isFinite(v))) {
+    throw new RangeError(`Invalid ${what}: ${String(v)}; expected milliseconds from 0${infinite ? " (Infinity allowed)" : ", finite"}`);
+  }
+}
+
 /** How long a client that found the shared-memory path unusable keeps to HTTP before it asks again (ms). */
 export const SHM_RECHECK_MS = 30_000;
 
@@ -260,18 +267,18 @@ export class RackfeedClient {
     this.#backoff = opts.backoffMs ?? 50;
     this.#maxBackoff = opts.maxBackoffMs ?? 2000;
     // A NaN here would switch a limit off without a word (every comparison with it is false).
-    checkInt(this.#retries, "retries", 0);
-    checkInt(this.#retryForMs, "retryForMs", 0);
-    checkInt(this.#backoff, "backoffMs", 0);
-    checkInt(this.#maxBackoff, "maxBackoffMs", 0);
+    if (this.#retries !== Infinity) checkInt(this.#retries, "retries", 0); // Infinity: retry for as long as retryForMs allows
+    checkMs(this.#retryForMs, "retryForMs", true);
+    checkMs(this.#backoff, "backoffMs", false);
+    checkMs(this.#maxBackoff, "maxBackoffMs", false);
     this.#reportEvery = opts.reportEvery ?? 32;
-    checkInt(this.#reportEvery, "reportEvery", 1);
+    checkInt(this.#reportEvery, "reportEvery", 0);
     this.#reportIntervalMs = opts.reportIntervalMs ?? 1000;
-    checkInt(this.#reportIntervalMs, "reportIntervalMs", 0);
+    checkMs(this.#reportIntervalMs, "reportIntervalMs", false);
     this.#now = opts.now ?? (() => performance.now());
     this.#sleep = opts.sleep;
     this.#timeoutMs = opts.timeoutMs ?? 120_000;
-    checkInt(this.#timeoutMs, "timeoutMs", 0);
+    checkMs(this.#timeoutMs, "timeoutMs", false); // a timer cannot take Infinity (it would fire at once): 0 is none
   }
 
   /** Steps whose timings are queued for the next report, over all consumers (at most `MAX_QUEUED_STEPS` each). */
@@ -410,7 +417,9 @@ export class RackfeedClient {
             step = r.value.step + 1;
             yield { ...slotTokens(r.value), step: r.value.step, waitSeconds, transport: "shm" };
             waitFrom = this.#now();
-            this.#autoFlush(id, waitFrom);
+            // A consumer whose batches are all in the ring never waits for I/O, so its reports (I/O)
+            // would never complete: when they back up, let the event loop run once.
+            if (this.#autoFlush(id, waitFrom) && this.#local?.nextTurn) await this.#local.nextTurn();
           }
         } catch (e) {
           if (signal.aborted) throw signal.reason;
@@ -588,8 +597,10 @@ export class RackfeedClient {
    * others are in flight, up to `MAX_REPORTS_IN_FLIGHT`; past that (a server that does not
    * answer) the oldest steps are dropped, so the client stays bounded. `now`: the caller's clock
    * reading, if it has one.
+   *
+   * @returns true when the consumer's reports are backing up (one in flight, half a queue waiting)
    */
-  #autoFlush(id: string, now?: number): void {
+  #autoFlush(id: string, now?: number): boolean {
     const p = this.#pending.get(id)!;
     const n = p.steps.size;
     if (n >= MAX_QUEUED_STEPS) {
@@ -598,6 +609,7 @@ export class RackfeedClient {
     } else if (p.sending === 0 && n >= this.#reportEvery && (now ?? this.#now()) - p.sentAt >= this.#reportIntervalMs) {
       this.#background(this.#send(id, id));
     }
+    return p.sending > 0 && p.steps.size >= MAX_QUEUED_STEPS / 2;
   }
 
   /** Drops a consumer's `count` oldest queued steps (a Map iterates in insertion order). */

@@ -4,6 +4,7 @@
  * trainers keep the origin's foreground slots.
  */
 
+import { setMaxListeners } from "node:events";
 import { blockIndex, blockSource, planSamples } from "../batch/assemble-batch.ts";
 import type { DatasetCatalog } from "../batch/dataset-catalog.ts";
 import { stepSamples } from "../batch/read-ahead.ts";
@@ -111,6 +112,12 @@ const OVERLOAD_BACKOFF_MS = 20;
 /** Longest such wait. */
 const OVERLOAD_BACKOFF_MAX_MS = 1000;
 
+/** A job's controller: each of its workers listens to it while waiting, more than Node's default warning count of 10. */
+function listenedBy(c: AbortController): AbortController {
+  setMaxListeners(0, c.signal);
+  return c;
+}
+
 /** Waits `ms`, or until `signal` aborts (then at once, without error: the caller checks it). */
 function pause(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
@@ -184,7 +191,7 @@ export class PrefetchJobs {
         finishedAt: null,
         error: null,
       },
-      abort: new AbortController(),
+      abort: listenedBy(new AbortController()),
       listeners: new Set(),
       startedMs: 0,
     };

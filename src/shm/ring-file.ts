@@ -221,14 +221,17 @@ export async function removeDeadRings(
     if (self !== undefined && o.pid === self.pid && o.instance === self.instance) continue;
     const lockName = `${RING_PREFIX}${o.pid}-${o.instance}.lock`;
     let held: FileLock | undefined;
+    let byLock = false;
     if (lockFile && o.files.includes(lockName)) {
       try {
         held = await lockFile(`${dir}/${lockName}`);
+        byLock = true;
       } catch {
-        held = undefined;
+        // Not ours to open (another user's lock file): its owner is judged by pid, as without one.
       }
-      if (!held) continue; // locked: its server runs (maybe in another pid namespace)
-    } else {
+      if (byLock && !held) continue; // locked: its server runs (maybe in another pid namespace)
+    }
+    if (!byLock) {
       const earlierSelf = self !== undefined && o.pid === self.pid;
       if (!earlierSelf && isAlive(o.pid)) continue;
     }

@@ -1,13 +1,25 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
 import { MAX_QUEUED_STEPS, MAX_REPORTS_IN_FLIGHT } from "../../src/client/client.ts";
+import type { LocalTransport } from "../../src/client/shm-consumer.ts";
+import { setImmediate } from "node:timers";
+import {
+  encodeFrame,
+  encodeRingHeader,
+  FrameDecoder,
+  ringLayout,
+  SHM_PROTOCOL_VERSION,
+  slotHeaderOffset,
+  slotOfStep,
+  writeSlotHeader,
+} from "../../src/shm/protocol.ts";
 import { type Fault, type FaultProxy, type FaultRule, startFaultProxy } from "../helpers/fault-proxy.ts";
 import { freePort, makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
 /** One dataset name per test (the same data): the telemetry metrics are labelled by dataset, so no test sees another's. */
-const NAMES = ["fails", "close", "every", "negative", "interval", "pair", "stalled"];
+const NAMES = ["fails", "close", "every", "negative", "interval", "pair", "stalled", "fast"];
 let ws: Workspace;
 let rf: RunningServer;
 
@@ -142,12 +154,78 @@ describe("RackfeedClient telemetry", () => {
     await expect(c.close()).resolves.toBeUndefined();
   });
 
-  it("refuses a reportEvery below 1, a fractional reportIntervalMs, or a NaN retry option in the constructor", () => {
+  it("loses no timings of a consumer whose batches are always in the ring (its loop never waits for I/O, so it lets reports through)", async () => {
+    // A ring in memory that a stand-in server keeps full: each released slot is published again
+    // at once, so the SDK's polling never waits on its socket.
+    const rows = 4, cols = 8, slots = 8, total = 6 * MAX_QUEUED_STEPS * MAX_REPORTS_IN_FLIGHT / 4;
+    const layout = ringLayout(slots, rows * cols * 2);
+    const ring = new Uint8Array(layout.fileBytes);
+    ring.set(encodeRingHeader(layout), 0);
+    const view = new DataView(ring.buffer);
+    const publish = (step: number) => {
+      const { slot, generation } = slotOfStep(step, 0, slots);
+      writeSlotHeader(view, slotHeaderOffset(slot), { generation, length: rows * cols * 2, step, firstSample: step * rows, cache: "hit" });
+    };
+    let waits = 0;
+    const local: LocalTransport = {
+      pollSlots: true,
+      nextTurn: () => new Promise((r) => setImmediate(r)),
+      openRing: () => ({ mapped: ring, read: (o, into) => into.set(ring.subarray(o, o + into.length)), close: () => {} }),
+      connect: () => {
+        const decoder = new FrameDecoder();
+        const out: Uint8Array[] = [];
+        let wake: (() => void) | undefined;
+        const reply = (m: Parameters<typeof encodeFrame>[0]) => {
+          out.push(encodeFrame(m));
+          wake?.();
+        };
+        return Promise.resolve({
+          write(bytes: Uint8Array) {
+            for (const m of decoder.push(bytes)) {
+              if (m.t === "hello") reply({ t: "welcome", version: SHM_PROTOCOL_VERSION, instance: "stand-in" });
+              else if (m.t === "open") {
+                for (let st = 0; st < slots; st++) publish(st);
+                reply({ t: "ring", path: "/stand-in", slots, slotBytes: layout.slotBytes, dataOffset: layout.dataOffset, fileBytes: layout.fileBytes, dtype: "uint16", rows, cols, endStep: total });
+                reply({ t: "end", step: total });
+              } else if (m.t === "release" && Number(m.generation) - 1 + slots < total) publish(Number(m.generation) - 1 + slots);
+              else if (m.t === "wait") waits++;
+            }
+          },
+          async read() {
+            while (out.length === 0) await new Promise<void>((r) => (wake = r));
+            return out.shift()!;
+          },
+          close() {},
+        });
+      },
+    };
+    // Reports go to the real server (through fetch: I/O), /v1/shm to the stand-in.
+    const fetchVia = (async (input: RequestInfo | URL, init?: RequestInit) =>
+      new URL(String(input)).pathname === "/v1/shm" ? Response.json({ socket: "/stand-in", instance: "stand-in" }) : await fetch(input, init)) as typeof fetch;
+    const c = new RackfeedClient({ url: rf.url, fetch: fetchVia, local });
+    const waitsOnServer = () => rf.metric("rackfeed_t_wait_seconds_count", { dataset: "fast" });
+    const before = await waitsOnServer();
+    let n = 0;
+    for await (const b of c.batches("fast", { rank: 0, world: 1, microBatch: rows, endStep: total })) {
+      expect(b.transport).toBe("shm");
+      n++;
+    }
+    await c.close();
+    expect(n).toBe(total);
+    expect(waits).toBe(0); // never waited: the case where nothing else lets the reports' I/O run
+    expect(c.droppedSteps).toBe(0);
+    expect(await waitsOnServer()).toBe(before + total);
+  }, 60_000);
+
+  it("refuses a negative reportEvery or reportIntervalMs, an infinite timeout, or a NaN retry option in the constructor", () => {
     for (const k of ["retries", "retryForMs", "backoffMs", "maxBackoffMs", "timeoutMs"]) {
       expect(() => new RackfeedClient({ url: rf.url, [k]: Number.NaN }), k).toThrow(new RegExp(`Invalid ${k}: NaN`));
     }
-    expect(() => new RackfeedClient({ url: rf.url, reportEvery: 0 })).toThrow(/Invalid reportEvery: 0; expected an integer from 1/);
-    expect(() => new RackfeedClient({ url: rf.url, reportIntervalMs: 0.5 })).toThrow(/Invalid reportIntervalMs: 0.5/);
+    expect(() => new RackfeedClient({ url: rf.url, reportEvery: -1 })).toThrow(/Invalid reportEvery: -1; expected an integer from 0/);
+    expect(() => new RackfeedClient({ url: rf.url, reportIntervalMs: -5 })).toThrow(/Invalid reportIntervalMs: -5/);
+    expect(() => new RackfeedClient({ url: rf.url, timeoutMs: Infinity })).toThrow(/Invalid timeoutMs: Infinity; expected milliseconds from 0, finite/);
+    // What worked before the checks still does: retrying for ever, fractional backoffs, reportEvery 0.
+    expect(() => new RackfeedClient({ url: rf.url, retries: Infinity, retryForMs: Infinity, backoffMs: 2.5, reportEvery: 0, reportIntervalMs: 0.5 })).not.toThrow();
   });
 
   it("with reportEvery 1, counts every step in rackfeed_steps_total (a step travels in one report)", async () => {

@@ -177,6 +177,22 @@ describe("prefetch jobs", () => {
     expect(await rf.metric("rackfeed_cache_fill_errors_total")).toBe(0); // given up, not failed
   });
 
+  it("warns of no listener leak when many blocks of a job wait at once (16 workers on one cancel signal)", async () => {
+    await ws.put("many/x.bin", new Uint8Array(64 * 16 * KiB));
+    const warnings: string[] = [];
+    const onWarning = (w: Error) => warnings.push(`${w.name}: ${w.message}`);
+    process.on("warning", onWarning);
+    try {
+      const rf = await start(["--origin-concurrency", "32"], new SlowOrigin(ws.origin, 5));
+      const job = await (await submit(rf, { objects: ["data/many/"] })).json();
+      expect((await waitDone(rf, job.id)).state).toBe("done");
+      await new Promise((r) => setTimeout(r, 50)); // warnings are emitted on the next tick
+    } finally {
+      process.off("warning", onWarning);
+    }
+    expect(warnings.filter((w) => /MaxListeners/.test(w))).toEqual([]);
+  });
+
   it("streams progress as Server-Sent Events that parse, end with the final state, and never go backwards", async () => {
     await ws.put("sse/x.bin", new Uint8Array(20 * 16 * KiB));
     const rf = await start([], new SlowOrigin(ws.origin, 5));

@@ -717,16 +717,19 @@ describe("shared-memory fast path", () => {
     expect(localTransport().openRing(path, 8192).mapped?.length).toBe(8192);
   });
 
-  it("sweeps past a dead server's ring it may not remove (another user's, in a shared sticky directory), naming it", async () => {
+  it("sweeps past a dead server's ring it may not remove (another user's, in a shared sticky directory, with a lock file it may not lock), naming it", async () => {
     // Outside the workspace (mode 0700), so that a sweep running as nobody can reach it.
     const dir = mkdtempSync(join(tmpdir(), "rackfeed-sticky-"));
     try {
       chmodSync(dir, 0o1777);
       writeFileSync(join(dir, "rackfeed-ring-4242-r00t-1.ring"), new Uint8Array(8192)); // root's, in a sticky directory
+      writeFileSync(join(dir, "rackfeed-ring-4242-r00t.lock"), "", { mode: 0o644 }); // its lock: nobody may not open it to lock it
       // The sweep as nobody (uid 65534), in a child: it may not unlink root's file here.
       const script = `import { removeDeadRings } from ${JSON.stringify(`${ROOT}src/shm/ring-file.ts`)};
+        import { nodeFileLock } from ${JSON.stringify(`${ROOT}src/runtime/node.ts`)};
         const logged = [];
-        const removed = await removeDeadRings(${JSON.stringify(dir)}, () => false, undefined, undefined, (m) => logged.push(m));
+        // A lock file it cannot open to lock: judged by pid instead (dead here), not kept for ever.
+        const removed = await removeDeadRings(${JSON.stringify(dir)}, () => false, undefined, nodeFileLock(), (m) => logged.push(m));
         console.log(JSON.stringify({ removed, logged }));`;
       const file = join(dir, "sweep.mts");
       writeFileSync(file, script);
