@@ -71,9 +71,13 @@ describe("RackfeedClient", () => {
     for (let step = 0; step < 25_000; step++) {
       c.reportStep(step, { t_h2d: 0.002 }, consumer);
       most = Math.max(most, c.queuedSteps);
+      // A trainer's loop lets I/O run now and then (its reports need it): here every 512 steps.
+      if (step % 512 === 511) await new Promise((r) => setTimeout(r, 5));
     }
-    expect(most).toBe(MAX_QUEUED_STEPS - 1);
+    expect(most).toBeLessThanOrEqual(MAX_QUEUED_STEPS);
+    expect(most).toBeGreaterThan(MAX_QUEUED_STEPS / 2); // it filled, and went in reports of that size
     await c.close();
+    expect(c.droppedSteps).toBe(0);
     expect(c.queuedSteps).toBe(0);
     expect(await rf.metric("rackfeed_t_h2d_seconds_count", { dataset: "d" })).toBe(before + 25_000);
   });
