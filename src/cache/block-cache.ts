@@ -432,7 +432,6 @@ export class BlockCache {
       // Parts still queued are of no use now (one failed, or was refused for a full queue).
       group?.abort(e);
       if (!this.#abandoned.has(fill)) this.#fillErrors++; // given up is not failed
-      else fill.done.catch(() => {});
       // A changed object invalidates its metadata so the next request sees the new version.
       if (isCacheServerError(e) && (e.code === "OBJECT_CHANGED" || e.code === "OBJECT_NOT_FOUND")) gw.invalidate(key);
       fill.fail(e);

@@ -7,7 +7,7 @@
  * to a co-located server by itself.
  */
 
-import { backoffDelay } from "../origin/retry.ts";
+import { backoffDelay, sleep } from "../origin/retry.ts";
 import { MAX_REPORT_STEPS } from "../metrics/telemetry-report.ts";
 import { MAX_RING_SLOTS } from "../shm/protocol.ts";
 import { type LocalTransport, ShmError, shmBatches, shmInstance, type SlotBatch } from "./shm-consumer.ts";
@@ -381,7 +381,7 @@ export class RackfeedClient {
       }
       const consumer = { dataset, rank: c.rank, world: c.world, micro_batch: c.microBatch };
       const id = JSON.stringify(consumer);
-      if (!this.#pending.has(id)) this.#pending.set(id, { body: consumer, steps: new Map(), sentAt: -Infinity, sending: 0 });
+      this.#queueOf(id, consumer);
       this.#lastConsumer = id;
       let step = c.startStep ?? 0;
       let failingSince = NaN; // when the shm stream's current run of failures began
@@ -525,8 +525,8 @@ export class RackfeedClient {
         throw new RangeError(`Invalid ${k} for step ${step}: ${String(v)}; expected seconds from 0 to ${MAX_TIMING_SECONDS}`);
       }
     }
-    if (!this.#pending.has(id)) this.#pending.set(id, { body: JSON.parse(id), steps: new Map(), sentAt: -Infinity, sending: 0 });
-    this.#record(id, { step, t_wait: this.#pending.get(id)!.steps.get(step)?.t_wait ?? NaN, ...t });
+    const q = this.#pending.get(id) ?? this.#queueOf(id, JSON.parse(id));
+    this.#record(id, { step, t_wait: q.steps.get(step)?.t_wait ?? NaN, ...t });
     this.#autoFlush(id);
   }
 
@@ -631,18 +631,18 @@ export class RackfeedClient {
 
   /** Waits `ms`, ended early (rejecting with its reason) by `signal`; an aborted wait leaves no timer behind. */
   async #pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
-    signal?.throwIfAborted();
-    let timer: ReturnType<typeof setTimeout> | undefined;
+    if (!this.#sleep) return await sleep(ms, signal);
+    if (!signal) return await this.#sleep(ms);
+    signal.throwIfAborted();
     let onAbort: () => void = () => {};
     const aborted = new Promise<never>((_, reject) => {
-      onAbort = () => reject(signal!.reason);
-      signal?.addEventListener("abort", onAbort, { once: true });
+      onAbort = () => reject(signal.reason);
+      signal.addEventListener("abort", onAbort, { once: true });
     });
     try {
-      await Promise.race([this.#sleep ? this.#sleep(ms) : new Promise<void>((r) => (timer = setTimeout(r, ms))), aborted]);
+      await Promise.race([this.#sleep(ms), aborted]);
     } finally {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", onAbort);
+      signal.removeEventListener("abort", onAbort);
     }
   }
 
@@ -654,6 +654,13 @@ export class RackfeedClient {
   /** Full-jitter backoff before retry `attempt` (the origins' policy, `backoffDelay`). */
   #backoffMs(attempt: number): number {
     return backoffDelay(attempt, { retries: this.#retries, baseMs: this.#backoff, capMs: this.#maxBackoff }, Math.random);
+  }
+
+  /** A consumer's queue of timings, made on first use. */
+  #queueOf(id: string, body: QueuedTimings["body"]): QueuedTimings {
+    let q = this.#pending.get(id);
+    if (!q) this.#pending.set(id, (q = { body, steps: new Map(), sentAt: -Infinity, sending: 0 }));
+    return q;
   }
 
   #record(id: string, t: StepTimings): void {

@@ -158,12 +158,7 @@ export function checkRingSize(path: string, bytes: number): string {
 }
 
 function readRing(path: string, bytes: number): RingReader {
-  const fd = fs.openSync(path, "r");
-  const size = fs.fstatSync(fd).size;
-  if (size < bytes) {
-    fs.closeSync(fd);
-    throw new Error(`Ring ${path} has ${size} bytes, expected ${bytes}`);
-  }
+  const fd = fs.openSync(checkRingSize(path, bytes), "r");
   let open = true;
   return {
     mapped: undefined,

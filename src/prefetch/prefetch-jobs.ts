@@ -13,6 +13,7 @@ import { badRequest, CacheServerError, OverloadedError } from "../errors.ts";
 import { validateObjectKey } from "../origin/object-key.ts";
 import type { ObjectInfo } from "../origin/origin.ts";
 import type { OriginGateway } from "../origin/origin-gateway.ts";
+import { backoffDelay, type RetryPolicy, sleep } from "../origin/retry.ts";
 
 /** Lifecycle of a job. */
 export type PrefetchState = "queued" | "running" | "done" | "failed" | "cancelled";
@@ -107,10 +108,8 @@ const PLAN_WAIT_MS = 2000;
 const PLAN_STATS = 32;
 /** Longest stretch of step planning between two turns of the event loop (ms). */
 const PLAN_SLICE_MS = 10;
-/** First wait before a block whose read was refused for a full origin queue is tried again (doubled each time, jittered). */
-const OVERLOAD_BACKOFF_MS = 20;
-/** Longest such wait. */
-const OVERLOAD_BACKOFF_MAX_MS = 1000;
+/** Waits before a block whose read was refused for a full origin queue is tried again (full jitter, doubled each time). */
+const OVERLOAD_BACKOFF: RetryPolicy = { retries: Infinity, baseMs: 20, capMs: 1000 };
 
 /** A job's controller: each of its workers listens to it while waiting, more than Node's default warning count of 10. */
 function listenedBy(c: AbortController): AbortController {
@@ -118,18 +117,6 @@ function listenedBy(c: AbortController): AbortController {
   return c;
 }
 
-/** Waits `ms`, or until `signal` aborts (then at once, without error: the caller checks it). */
-function pause(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const done = () => {
-      clearTimeout(timer);
-      signal.removeEventListener("abort", done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal.addEventListener("abort", done, { once: true });
-  });
-}
 
 function sumBytes(tasks: readonly BlockTask[]): number {
   let n = 0;
@@ -428,8 +415,11 @@ export class PrefetchJobs {
             // The origin's queue is full (its reads gave way to trainers'): try the block again
             // later instead of failing the job.
             if (!(e instanceof OverloadedError)) throw e;
-            await pause(Math.min(OVERLOAD_BACKOFF_MAX_MS, OVERLOAD_BACKOFF_MS * 2 ** attempt) * (0.5 + Math.random() / 2), job.abort.signal);
-            if (job.abort.signal.aborted) return;
+            try {
+              await sleep(backoffDelay(attempt, OVERLOAD_BACKOFF, Math.random), job.abort.signal);
+            } catch {
+              return; // cancelled while it waited
+            }
           }
         }
         if (job.abort.signal.aborted) return;

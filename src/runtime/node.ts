@@ -88,21 +88,12 @@ export function listenNode(
     // after a response, the keep-alive timeout.
     (secure as unknown as { keepAliveTimeout: number }).keepAliveTimeout = keepAliveMs;
     secure.on("secureConnection", (socket: net.Socket & { alpnProtocol?: string | false }) => {
-      if (socket.alpnProtocol === "h2") return; // a session: closeWhenIdle
-      const idle = () => socket.destroy();
-      socket.setTimeout(idleMs, idle);
-      (socket as unknown as { [FIRST_REQUEST]?: () => void })[FIRST_REQUEST] = () => {
-        socket.setTimeout(0);
-        socket.off("timeout", idle);
-      };
+      if (socket.alpnProtocol !== "h2") socket.setTimeout(idleMs, () => socket.destroy()); // h2: closeWhenIdle
     });
+    // A request disarms it (node:http arms the keep-alive timeout after the response, which then
+    // ends the connection through the same listener, as node:http would).
     secure.on("request", (req: http.IncomingMessage | http2.Http2ServerRequest) => {
-      const socket = req.socket as unknown as { [FIRST_REQUEST]?: () => void } | undefined;
-      const first = socket?.[FIRST_REQUEST];
-      if (first) {
-        socket![FIRST_REQUEST] = undefined;
-        first();
-      }
+      if (req.httpVersionMajor === 1) req.socket.setTimeout(0);
     });
     server = secure;
   } else {
@@ -234,9 +225,6 @@ const H2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
  * closed by node:http after 5 s, and one whose headers do not come in 60 s too).
  */
 const IDLE_CONNECTION_MS = 60_000;
-
-/** Marks a TLS socket whose first HTTP/1.1 request is still to come (see the secure server in `listenNode`). */
-const FIRST_REQUEST = Symbol("rackfeed.firstRequest");
 
 /** An HTTP/1.1 keep-alive connection with no request is closed after this (node:http's default). */
 const H1_KEEP_ALIVE_MS = 5000;

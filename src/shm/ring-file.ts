@@ -155,7 +155,17 @@ export class RingFile {
  * share the directory) is then told apart by its lock, not by a pid this one cannot see.
  */
 export function ringOwnerLockPath(dir: string, pid: number, instance: string): string {
-  return `${dir}/${RING_PREFIX}${pid}-${instance}.lock`;
+  return `${dir}/${ringOwnerLockName(pid, instance)}`;
+}
+
+function ringOwnerLockName(pid: number, instance: string): string {
+  return `${RING_PREFIX}${pid}-${instance}.lock`;
+}
+
+/** Gives this server's ring lock back: the file first, then the lock, so a sweep never finds the file unlocked while the server lives. */
+export async function releaseRingOwnerLock(dir: string, pid: number, instance: string, lock: FileLock | undefined): Promise<void> {
+  fs.rmSync(ringOwnerLockPath(dir, pid, instance), { force: true });
+  await lock?.release();
 }
 
 /**
@@ -219,7 +229,7 @@ export async function removeDeadRings(
   }
   for (const o of owners.values()) {
     if (self !== undefined && o.pid === self.pid && o.instance === self.instance) continue;
-    const lockName = `${RING_PREFIX}${o.pid}-${o.instance}.lock`;
+    const lockName = ringOwnerLockName(o.pid, o.instance);
     let held: FileLock | undefined;
     let byLock = false;
     if (lockFile && o.files.includes(lockName)) {

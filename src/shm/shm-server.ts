@@ -41,7 +41,7 @@ import {
   ShmProtocolError,
   slotOfStep,
 } from "./protocol.ts";
-import { type MapFile, removeDeadRings, RING_PREFIX, RingFile, ringOwnerLockPath, RingSpaceError, takeRingOwnerLock } from "./ring-file.ts";
+import { type MapFile, releaseRingOwnerLock, removeDeadRings, RING_PREFIX, RingFile, RingSpaceError, takeRingOwnerLock } from "./ring-file.ts";
 import type { FileLock, LockFile } from "../cache/disk-tier.ts";
 
 /** Connections on the control socket at once; more are refused by the kernel's accept queue. */
@@ -174,8 +174,7 @@ export class ShmServer {
     try {
       return await ShmServer.#listen(opts, ownerLock);
     } catch (e) {
-      fs.rmSync(ringOwnerLockPath(opts.dir, opts.pid, opts.instance), { force: true });
-      await ownerLock?.release();
+      if (opts.lockFile) await releaseRingOwnerLock(opts.dir, opts.pid, opts.instance, ownerLock);
       throw e;
     }
   }
@@ -242,10 +241,8 @@ export class ShmServer {
     await Promise.all(conns.map((c) => c.opened()));
     await closed;
     fs.rmSync(this.#opts.socketPath, { force: true });
-    // The lock file goes before the lock: a sweep never finds it unlocked while this server lives.
     if (this.#ownerLock) {
-      fs.rmSync(ringOwnerLockPath(this.#opts.dir, this.#opts.pid, this.#opts.instance), { force: true });
-      await this.#ownerLock.release();
+      await releaseRingOwnerLock(this.#opts.dir, this.#opts.pid, this.#opts.instance, this.#ownerLock);
       this.#ownerLock = undefined;
     }
   }
@@ -307,8 +304,6 @@ class ShmConnection {
   #endedAt: number | undefined;
   /** Messages in `#queue` not yet handled. */
   #unhandled = 0;
-  /** `wait`s outstanding (the sum over `#waitingFor`), at most `MAX_WAITS_PER_SLOT` per slot. */
-  #waits = 0;
 
   constructor(socket: net.Socket, server: ShmServer, o: ShmServerOptions) {
     this.#socket = socket;
@@ -427,7 +422,6 @@ class ShmConnection {
       const waits = this.#waitingFor.get(m.step);
       if (waits !== undefined) {
         this.#waitingFor.delete(m.step);
-        this.#waits -= waits;
         this.#flush();
         const frame = encodeFrame(m);
         for (let i = 0; i < waits && !this.#closed; i++) this.#write(frame);
@@ -597,12 +591,14 @@ class ShmConnection {
       if (step >= next + round.slots) {
         throw new ShmProtocolError(`Wait for step ${step}: the next step published is ${next}, and the ring holds ${round.slots} steps ahead`);
       }
-      // Each wait is answered: bounded, so a peer cannot queue a flood of answers for one publish.
-      if (this.#waits >= MAX_WAITS_PER_SLOT * round.slots) {
-        throw new ShmProtocolError(`Too many waits outstanding (${this.#waits}): at most ${MAX_WAITS_PER_SLOT} per slot of the ring (${round.slots} slots)`);
+      // Each wait is answered: bounded, so a peer cannot queue a flood of answers for one publish
+      // (the steps waited for are fewer than a ring's slots: the sum is cheap).
+      let waits = 0;
+      for (const n of this.#waitingFor.values()) waits += n;
+      if (waits >= MAX_WAITS_PER_SLOT * round.slots) {
+        throw new ShmProtocolError(`Too many waits outstanding (${waits}): at most ${MAX_WAITS_PER_SLOT} per slot of the ring (${round.slots} slots)`);
       }
       this.#waitingFor.set(step, (this.#waitingFor.get(step) ?? 0) + 1);
-      this.#waits++;
     }
   }
 

@@ -47,6 +47,25 @@ function closedAfter(bytes: string, waitMs: number, to = port): Promise<number> 
   });
 }
 
+/** A TLS listener (self-signed, the idle time of these tests) answering "ok", for `fn`; closed afterwards. */
+async function withTlsListener(fn: (port: number) => Promise<void>): Promise<void> {
+  const dir = mkdtempSync(join(tmpdir(), "rackfeed-tls-idle-"));
+  try {
+    const { key, cert } = selfSignedCert(dir, "idle");
+    const tlsListener = await listenNode(() => new Response("ok"), { hostname: "127.0.0.1", port: 0 }, {
+      cert: readFileSync(cert, "utf8"),
+      key: readFileSync(key, "utf8"),
+    }, { idleMs: IDLE_MS });
+    try {
+      await fn(Number(new URL(tlsListener.url).port));
+    } finally {
+      await tlsListener.close();
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 describe("Node listener: connections without a request", () => {
   it("closes a connection that never sends a byte after the idle time (it held a file descriptor for good)", async () => {
     const ms = await closedAfter("", 5000);
@@ -77,33 +96,14 @@ describe("Node listener: connections without a request", () => {
   });
 
   it("closes a TLS connection that never completes its handshake after the idle time too", async () => {
-    const dir = mkdtempSync(join(tmpdir(), "rackfeed-tls-idle-"));
-    try {
-      const { key, cert } = selfSignedCert(dir, "idle");
-      const tlsListener = await listenNode(() => new Response("ok"), { hostname: "127.0.0.1", port: 0 }, {
-        cert: readFileSync(cert, "utf8"),
-        key: readFileSync(key, "utf8"),
-      }, { idleMs: IDLE_MS });
-      try {
-        const ms = await closedAfter("", 5000, Number(new URL(tlsListener.url).port));
-        expect(ms).toBeLessThan(3000); // Node's own handshake timeout is 120 s
-      } finally {
-        await tlsListener.close();
-      }
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
+    await withTlsListener(async (tlsPort) => {
+      const ms = await closedAfter("", 5000, tlsPort);
+      expect(ms).toBeLessThan(3000); // Node's own handshake timeout is 120 s
+    });
   });
 
   it("closes an HTTP/1.1 connection over TLS that sends no request after its handshake, or sits idle after a response", async () => {
-    const dir = mkdtempSync(join(tmpdir(), "rackfeed-tls-h1-idle-"));
-    try {
-      const { key, cert } = selfSignedCert(dir, "idle");
-      const tlsListener = await listenNode(() => new Response("ok"), { hostname: "127.0.0.1", port: 0 }, {
-        cert: readFileSync(cert, "utf8"),
-        key: readFileSync(key, "utf8"),
-      }, { idleMs: IDLE_MS });
-      const tlsPort = Number(new URL(tlsListener.url).port);
+    await withTlsListener(async (tlsPort) => {
       /** ms until the server closes a TLS connection (ALPN as given) after `request` (Infinity: open after 5 s). */
       const closedAfterTls = (alpn: string[] | undefined, request: string) =>
         new Promise<{ ms: number; got: string }>((resolve) => {
@@ -124,20 +124,14 @@ describe("Node listener: connections without a request", () => {
             resolve({ ms: performance.now() - t0, got });
           });
         });
-      try {
-        for (const alpn of [["http/1.1"], undefined]) {
-          const silent = await closedAfterTls(alpn, "");
-          expect(silent.ms, `silent, ALPN ${alpn}`).toBeLessThan(3000);
-          const kept = await closedAfterTls(alpn, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
-          expect(kept.got, `keep-alive, ALPN ${alpn}`).toMatch(/^HTTP\/1\.1 200/);
-          expect(kept.ms, `keep-alive, ALPN ${alpn}`).toBeLessThan(3000);
-        }
-      } finally {
-        await tlsListener.close();
+      for (const alpn of [["http/1.1"], undefined]) {
+        const silent = await closedAfterTls(alpn, "");
+        expect(silent.ms, `silent, ALPN ${alpn}`).toBeLessThan(3000);
+        const kept = await closedAfterTls(alpn, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n");
+        expect(kept.got, `keep-alive, ALPN ${alpn}`).toMatch(/^HTTP\/1\.1 200/);
+        expect(kept.ms, `keep-alive, ALPN ${alpn}`).toBeLessThan(3000);
       }
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
+    });
   });
 
   it("still serves HTTP/1.1 requests that arrive in time", async () => {
