@@ -11,9 +11,9 @@ import {
   DatasetConfigError,
   type DatasetConfig,
   DTYPE_CODES,
-  IDX_HEADER_BYTES,
   type IndexBuildInput,
   parseDatasetConfig,
+  readIndexHeader,
   splitBookends,
   type TokenDataset,
 } from "../dataset/mod.ts";
@@ -84,10 +84,14 @@ export function buildWork(input: IndexBuildInput): number {
   let work = 16 * config.num_samples;
   input.idx.forEach((idx, k) => {
     work += idx.length;
-    if (idx.length < IDX_HEADER_BYTES) return; // refused by the build, naming the file
-    const view = new DataView(idx.buffer, idx.byteOffset, idx.byteLength);
-    const documents = Math.max(1, view.getUint32(26, true) + view.getUint32(30, true) * 2 ** 32 - 1);
-    const tokens = (share * input.binSizes[k]) / (DTYPE_CODES[idx[17]]?.itemSize ?? 1);
+    let header;
+    try {
+      header = readIndexHeader(idx, input.paths[k]);
+    } catch {
+      return; // refused by the build, naming the file
+    }
+    const documents = Math.max(1, header.boundaryCount - 1);
+    const tokens = (share * input.binSizes[k]) / DTYPE_CODES[header.dtypeCode].itemSize;
     const epochs = Math.ceil((config.num_samples * config.seq_length) / Math.max(1, tokens));
     work += 8 * documents * epochs * share;
   });

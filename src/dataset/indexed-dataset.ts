@@ -96,6 +96,48 @@ function readU64(view: DataView, offset: number, path: string, what: string): nu
 }
 
 /**
+ * Reads and checks a Megatron `.idx` header (magic, version 1, a known dtype, counts a server can
+ * hold), without the arrays after it.
+ *
+ * @param u8 the index file, or at least its first `IDX_HEADER_BYTES`
+ * @param path named in errors
+ * @returns the dtype code, the sequence count and the document boundary count (documents + 1)
+ * @throws {DatasetFormatError} for a header that is not one
+ */
+export function readIndexHeader(u8: Uint8Array, path: string): { dtypeCode: number; sequenceCount: number; boundaryCount: number } {
+  if (u8.byteLength < IDX_HEADER_BYTES) {
+    throw new DatasetFormatError(path, `truncated: ${u8.byteLength} bytes, the header alone needs ${IDX_HEADER_BYTES}`);
+  }
+  for (let i = 0; i < IDX_MAGIC.length; i++) {
+    if (u8[i] !== IDX_MAGIC[i]) {
+      throw new DatasetFormatError(
+        path,
+        `bad magic bytes ${hex(u8.subarray(0, IDX_MAGIC.length))} (expected ${hex(IDX_MAGIC)}); not a Megatron MMIDIDX index`,
+      );
+    }
+  }
+  const view = new DataView(u8.buffer, u8.byteOffset, u8.byteLength);
+  const versionLo = view.getUint32(9, true);
+  const versionHi = view.getUint32(13, true);
+  if (versionLo !== 1 || versionHi !== 0) {
+    throw new DatasetFormatError(path, `unsupported version ${versionHi * TWO_32 + versionLo} (expected 1)`);
+  }
+  const dtypeCode = u8[17];
+  if (DTYPE_CODES[dtypeCode] === undefined) {
+    throw new DatasetFormatError(path, `unknown dtype code ${dtypeCode} (expected 1 … 8)`);
+  }
+  const s = readU64(view, 18, path, "sequence count");
+  const b = readU64(view, 26, path, "document boundary count");
+  if (s > MAX_SEQUENCES) {
+    throw new DatasetFormatError(path, `${s} sequences exceed the supported maximum of ${MAX_SEQUENCES}`);
+  }
+  if (b < 1) {
+    throw new DatasetFormatError(path, `document boundary count is 0 (expected at least 1: documents + 1)`);
+  }
+  return { dtypeCode, sequenceCount: s, boundaryCount: b };
+}
+
+/**
  * Parses and validates a Megatron `.idx` file. Everything megatron-core checks is checked
  * (magic, version 1, `boundaries[B-1] == S`), plus what a server must not trust blindly: known
  * dtype code, a file size that matches the declared counts, non-negative lengths and pointers,
@@ -115,36 +157,9 @@ function readU64(view: DataView, offset: number, path: string, what: string): nu
 export function parseIndex(bytes: Uint8Array | ArrayBuffer, options: ParseIndexOptions): IndexedDatasetIndex {
   const path = options.path;
   const u8 = bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes);
-  if (u8.byteLength < IDX_HEADER_BYTES) {
-    throw new DatasetFormatError(path, `truncated: ${u8.byteLength} bytes, the header alone needs ${IDX_HEADER_BYTES}`);
-  }
-  for (let i = 0; i < IDX_MAGIC.length; i++) {
-    if (u8[i] !== IDX_MAGIC[i]) {
-      throw new DatasetFormatError(
-        path,
-        `bad magic bytes ${hex(u8.subarray(0, IDX_MAGIC.length))} (expected ${hex(IDX_MAGIC)}); not a Megatron MMIDIDX index`,
-      );
-    }
-  }
-  const view = new DataView(u8.buffer, u8.byteOffset, u8.byteLength);
-  const versionLo = view.getUint32(9, true);
-  const versionHi = view.getUint32(13, true);
-  if (versionLo !== 1 || versionHi !== 0) {
-    throw new DatasetFormatError(path, `unsupported version ${versionHi * TWO_32 + versionLo} (expected 1)`);
-  }
-  const dtypeCode = u8[17];
+  const { dtypeCode, sequenceCount: s, boundaryCount: b } = readIndexHeader(u8, path);
   const dt = DTYPE_CODES[dtypeCode];
-  if (dt === undefined) {
-    throw new DatasetFormatError(path, `unknown dtype code ${dtypeCode} (expected 1 … 8)`);
-  }
-  const s = readU64(view, 18, path, "sequence count");
-  const b = readU64(view, 26, path, "document boundary count");
-  if (s > MAX_SEQUENCES) {
-    throw new DatasetFormatError(path, `${s} sequences exceed the supported maximum of ${MAX_SEQUENCES}`);
-  }
-  if (b < 1) {
-    throw new DatasetFormatError(path, `document boundary count is 0 (expected at least 1: documents + 1)`);
-  }
+  const view = new DataView(u8.buffer, u8.byteOffset, u8.byteLength);
   const expected = IDX_HEADER_BYTES + 12 * s + 8 * b;
   if (u8.byteLength < expected) {
     throw new DatasetFormatError(

@@ -27,6 +27,7 @@ export {
   MAX_SEQUENCES,
   parseIndex,
   type ParseIndexOptions,
+  readIndexHeader,
   type TokenDtype,
 } from "./indexed-dataset.ts";
 export {
