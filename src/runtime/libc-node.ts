@@ -10,7 +10,7 @@
 
 import * as fs from "node:fs";
 import * as os from "node:os";
-import { createRequire } from "node:module";
+import { loadKoffi } from "./koffi-node.ts";
 import type { PeerCredentials } from "../shm/shm-server.ts";
 import { decodeUcred, MAP_SHARED, MAP_ZERO_OVER, type MappedFile, mappedView, PROT_READ, PROT_WRITE, UCRED_BYTES } from "./libc-common.ts";
 
@@ -40,9 +40,8 @@ let koffiLibc: { koffi: typeof import("koffi"); libc: ReturnType<typeof import("
 
 function libc() {
   if (!koffiLibc) {
-    // koffi is CommonJS with a native addon: required lazily, so a platform without its
-    // prebuilt binary still runs (with positional I/O and token-only peers).
-    const koffi = createRequire(import.meta.url)("koffi") as typeof import("koffi");
+    // Where koffi cannot load, this throws and callers fall back (positional I/O, token-only peers).
+    const koffi = loadKoffi();
     koffiLibc = { koffi, libc: koffi.load("libc.so.6") };
   }
   return koffiLibc;

@@ -5,9 +5,9 @@
 
 import { existsSync } from "node:fs";
 import { availableParallelism } from "node:os";
-import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
 import type { PieceCopier } from "../batch/piece-copier.ts";
+import { loadKoffi } from "./koffi-node.ts";
 
 /** Where scripts/build-native.mjs puts the library. */
 export const NATIVE_LIBRARY = fileURLToPath(new URL("../../native/build/librackfeed.so", import.meta.url));
@@ -31,8 +31,7 @@ export function loadNodePieceCopier(): PieceCopier | undefined {
 }
 
 function bind(): PieceCopier {
-  const koffi = createRequire(import.meta.url)("koffi") as typeof import("koffi");
-  const lib = koffi.load(NATIVE_LIBRARY);
+  const lib = loadKoffi().load(NATIVE_LIBRARY);
   const address = lib.func("double rackfeed_address(const void *p)");
   const gather = lib.func("double rackfeed_gather(uint8_t *dst, const double *pieces, int32_t first, int32_t end)");
   // Addresses travel as doubles: exact below 2^53. Where pointers carry tags in their top bits

@@ -11,9 +11,10 @@ import { encodeFrame, FrameDecoder, SHM_PROTOCOL_VERSION } from "../../src/shm/p
 import { assembleSamples, blockIndex, copyResidentRuns, planSamples, stepsPerCopy, takeResident } from "../../src/batch/assemble-batch.ts";
 import { type PieceCopier, SLICE_BYTES } from "../../src/batch/piece-copier.ts";
 import { readSample } from "../../src/dataset/mod.ts";
+import { loadKoffi, RESIDENT_ASYNC_CALLS } from "../../src/runtime/koffi-node.ts";
 import { loadNodeMapping } from "../../src/runtime/libc-node.ts";
 import { loadNodePieceCopier, NATIVE_LIBRARY } from "../../src/runtime/native-gather-node.ts";
-import { makeWorkspace, patternBytes, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
+import { expectSameBytes, makeWorkspace, patternBytes, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 import { countingCopier } from "../helpers/counting-copier.ts";
 
@@ -52,6 +53,20 @@ describe("native gather", () => {
     expect(await copier.copyOnThread(again, pieces, 1, 2)).toBe(50);
     expect(again.subarray(100)).toEqual(big.subarray(60000, 60050));
     expect(again.subarray(0, 100).every((b) => b === 0)).toBe(true); // piece 0 was not in [1, 2)
+  });
+
+  it("keeps koffi's memory for 16 copies in flight, and copies right past them", async () => {
+    // Past koffi's resident pools (4 by default) each call allocated and freed 256 KiB on the event loop.
+    expect(loadKoffi().config().resident_async_pools).toBe(RESIDENT_ASYNC_CALLS);
+    expect(RESIDENT_ASYNC_CALLS).toBeGreaterThan(4);
+    const count = 3 * RESIDENT_ASYNC_CALLS;
+    const src = patternBytes(count * 4096, 9);
+    const pieces = new Float64Array(3 * count);
+    for (let i = 0; i < count; i++) pieces.set([copier.address(src) + i * 4096, 4096, (count - 1 - i) * 4096], 3 * i);
+    const dst = new Uint8Array(count * 4096);
+    const copied = await Promise.all(Array.from({ length: count }, (_, i) => copier.copyOnThread(dst, pieces, i, i + 1)));
+    expect(copied.reduce((a, b) => a + b, 0)).toBe(dst.length);
+    for (let i = 0; i < count; i++) expectSameBytes(dst.subarray((count - 1 - i) * 4096, (count - i) * 4096), src.subarray(i * 4096, (i + 1) * 4096), `piece ${i}`);
   });
 
   it("assembles small and threaded batches byte for byte as the JavaScript copy, across block boundaries", async () => {

@@ -1,0 +1,32 @@
+/**
+ * @module koffi (Node has no FFI of its own), required in one place so that its settings are made
+ * before any library is loaded: koffi refuses a change after that.
+ */
+
+import { createRequire } from "node:module";
+
+type Koffi = typeof import("koffi");
+
+/**
+ * Asynchronous calls koffi keeps memory for between calls; 16 is its maximum (default 4). Each
+ * call past them allocates its own stack and heap (256 KiB, a fresh mmap) and frees them when
+ * it settles, on the event loop: with two 1 MiB batches of 4 slices in flight that was 35–45 µs
+ * of the event loop per batch (bench/RESULTS.md, transport "Session 17").
+ */
+export const RESIDENT_ASYNC_CALLS = 16;
+
+let koffi: Koffi | undefined;
+
+/**
+ * koffi, loaded once and configured for rackfeed. Throws where it cannot load (a platform
+ * without its prebuilt addon); callers fall back to what they do without it.
+ */
+export function loadKoffi(): Koffi {
+  if (koffi === undefined) {
+    // CommonJS with a native addon: required lazily, so a platform without it still runs.
+    const k = createRequire(import.meta.url)("koffi") as Koffi;
+    k.config({ ...k.config(), resident_async_pools: RESIDENT_ASYNC_CALLS });
+    koffi = k;
+  }
+  return koffi;
+}
