@@ -35,3 +35,34 @@ export function loadKoffi(): Koffi {
   }
   return koffi;
 }
+
+/**
+ * An asynchronous function that runs at most `max` calls at once; later calls wait, first come
+ * first served, until one settles. koffi's calls past its resident pools each cost the event loop
+ * an allocation, and past 16 copies in flight the copier's threads gain nothing (16 memcpy streams
+ * fill a socket's memory bandwidth), so queued slices wait for a pool instead.
+ */
+export function limitInFlight<A extends unknown[], R>(call: (...args: A) => Promise<R>, max: number): (...args: A) => Promise<R> {
+  if (!Number.isInteger(max) || max < 1) throw new RangeError(`max must be a positive integer, got ${max}`);
+  let running = 0;
+  const waiting: (() => void)[] = [];
+  const settle = () => {
+    running--;
+    waiting.shift()?.();
+  };
+  const start = (args: A): Promise<R> => {
+    running++;
+    let p: Promise<R>;
+    try {
+      p = call(...args);
+    } catch (e) {
+      p = Promise.reject(e);
+    }
+    p.then(settle, settle);
+    return p;
+  };
+  return (...args) => {
+    if (running < max) return start(args);
+    return new Promise<R>((resolve, reject) => waiting.push(() => start(args).then(resolve, reject)));
+  };
+}

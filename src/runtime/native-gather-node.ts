@@ -7,7 +7,7 @@ import { existsSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { fileURLToPath } from "node:url";
 import type { PieceCopier } from "../batch/piece-copier.ts";
-import { loadKoffi } from "./koffi-node.ts";
+import { limitInFlight, loadKoffi, RESIDENT_ASYNC_CALLS } from "./koffi-node.ts";
 
 /** Where scripts/build-native.mjs puts the library. */
 export const NATIVE_LIBRARY = fileURLToPath(new URL("../../native/build/librackfeed.so", import.meta.url));
@@ -40,8 +40,11 @@ function bind(): PieceCopier {
   return {
     address: (bytes) => address(bytes) as number,
     copy: (dst, pieces, first, end) => gather(dst, pieces, first, end) as number,
-    copyOnThread: (dst, pieces, first, end) =>
-      new Promise((resolve, reject) => gather.async(dst, pieces, first, end, (e: unknown, n: number) => (e ? reject(e) : resolve(n)))),
+    copyOnThread: limitInFlight(
+      (dst: Uint8Array, pieces: Float64Array, first: number, end: number) =>
+        new Promise<number>((resolve, reject) => gather.async(dst, pieces, first, end, (e: unknown, n: number) => (e ? reject(e) : resolve(n)))),
+      RESIDENT_ASYNC_CALLS,
+    ),
     // Slices run on libuv's pool (4 threads unless UV_THREADPOOL_SIZE says more; `npm start` and
     // bin/rackfeed set 64), which fs calls share: more slices than its threads would only queue.
     threads: Math.min(8, availableParallelism(), Number(process.env.UV_THREADPOOL_SIZE) || 4),
