@@ -70,6 +70,6 @@ describe("limitInFlight", () => {
   });
 
   it("refuses a limit that is not a positive integer", () => {
-    for (const bad of [0, -1, 1.5, Number.NaN]) expect(() => limitInFlight(async () => 0, bad)).toThrow(/positive integer/);
+    for (const bad of [0, -1, 1.5, Number.NaN]) expect(() => limitInFlight(() => Promise.resolve(0), bad)).toThrow(/positive integer/);
   });
 });
