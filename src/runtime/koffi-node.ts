@@ -9,9 +9,9 @@ type Koffi = typeof import("koffi");
 
 /**
  * Asynchronous calls koffi keeps memory for between calls; 16 is its maximum (default 4). Each
- * call past them allocates its own stack and heap (256 KiB, a fresh mmap) and frees them when
- * it settles, on the event loop: with two 1 MiB batches of 4 slices in flight that was 35–45 µs
- * of the event loop per batch (bench/RESULTS.md, transport "Session 17").
+ * call past them maps its own stack and heap (two 128 KiB `mmap`s) and unmaps them when it
+ * settles, on the event loop: with two 1 MiB batches of 4 slices in flight that was 35–45 µs of
+ * the event loop per batch (bench/RESULTS.md, transport "Session 17").
  */
 export const RESIDENT_ASYNC_CALLS = 16;
 
@@ -28,21 +28,31 @@ export function loadKoffi(): Koffi {
     try {
       k.config({ ...k.config(), resident_async_pools: RESIDENT_ASYNC_CALLS });
     } catch {
-      // A koffi that refuses the setting still maps rings and copies batches, with slower
-      // threaded copies; test/batch/piece-copier.test.ts fails on it, so an upgrade shows it.
+      // Refused where koffi was loaded before (by a user's code in the SDK's process) or by a
+      // koffi without the setting: it still maps rings and copies batches, its threaded copies
+      // slower (test/runtime/koffi-node.test.ts).
     }
     koffi = k;
   }
   return koffi;
 }
 
+/** An asynchronous function limited by `limitInFlight`, with its counts (for tests and metrics). */
+export interface LimitedCall<A extends unknown[], R> {
+  (...args: A): Promise<R>;
+  /** Calls started and not yet settled. */
+  readonly running: number;
+  /** Calls waiting for one of those to settle. */
+  readonly waiting: number;
+}
+
 /**
  * An asynchronous function that runs at most `max` calls at once; later calls wait, first come
- * first served, until one settles. koffi's calls past its resident pools each cost the event loop
- * an allocation, and past 16 copies in flight the copier's threads gain nothing (16 memcpy streams
- * fill a socket's memory bandwidth), so queued slices wait for a pool instead.
+ * first served, until one settles. Node's gather runs its slices through it so that each finds
+ * one of koffi's resident pools: a batch is spread over 8 threads at most, so 16 slices in flight
+ * keep two batches' copies going at full width.
  */
-export function limitInFlight<A extends unknown[], R>(call: (...args: A) => Promise<R>, max: number): (...args: A) => Promise<R> {
+export function limitInFlight<A extends unknown[], R>(call: (...args: A) => Promise<R>, max: number): LimitedCall<A, R> {
   if (!Number.isInteger(max) || max < 1) throw new RangeError(`max must be a positive integer, got ${max}`);
   let running = 0;
   const waiting: (() => void)[] = [];
@@ -54,15 +64,19 @@ export function limitInFlight<A extends unknown[], R>(call: (...args: A) => Prom
     running++;
     let p: Promise<R>;
     try {
-      p = call(...args);
+      p = Promise.resolve(call(...args));
     } catch (e) {
       p = Promise.reject(e);
     }
     p.then(settle, settle);
     return p;
   };
-  return (...args) => {
+  const limited = (...args: A): Promise<R> => {
     if (running < max) return start(args);
     return new Promise<R>((resolve, reject) => waiting.push(() => start(args).then(resolve, reject)));
   };
+  return Object.defineProperties(limited, {
+    running: { get: () => running },
+    waiting: { get: () => waiting.length },
+  }) as LimitedCall<A, R>;
 }

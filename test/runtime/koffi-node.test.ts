@@ -1,5 +1,10 @@
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
 import { describe, expect, it } from "vitest";
 import { limitInFlight } from "../../src/runtime/koffi-node.ts";
+import { makeWorkspace } from "../helpers/rackfeed.ts";
+import { NODE, NODE_TS, ROOT, runToExit } from "../helpers/spawn.ts";
 
 /** A call that settles when told to, recording how many run at once and in which order they started. */
 function gatedCalls() {
@@ -71,5 +76,40 @@ describe("limitInFlight", () => {
 
   it("refuses a limit that is not a positive integer", () => {
     for (const bad of [0, -1, 1.5, Number.NaN]) expect(() => limitInFlight(() => Promise.resolve(0), bad)).toThrow(/positive integer/);
+  });
+});
+
+describe("loadKoffi", () => {
+  it("still maps rings and copies batches where koffi was loaded before it and refuses the setting", async () => {
+    // A user's code in the SDK's process may load koffi first: the setting is then refused.
+    const ws = await makeWorkspace();
+    try {
+      const script = join(ws.dir, "koffi-first.mts");
+      const root = pathToFileURL(ROOT).href;
+      await writeFile(script, `
+        import { createRequire } from "node:module";
+        import { writeFileSync } from "node:fs";
+        createRequire("${root}package.json")("koffi").load("libc.so.6");
+        const { loadKoffi } = await import("${root}src/runtime/koffi-node.ts");
+        const { loadNodeMapping } = await import("${root}src/runtime/libc-node.ts");
+        const { loadNodePieceCopier } = await import("${root}src/runtime/native-gather-node.ts");
+        const pools = loadKoffi().config().resident_async_pools;
+        writeFileSync("${ws.dir}/ring", new Uint8Array(1 << 16));
+        const ring = loadNodeMapping()("${ws.dir}/ring", 1 << 16, true).bytes;
+        const copier = loadNodePieceCopier();
+        const src = new Uint8Array(1 << 16).map((_, i) => (i * 7) & 255);
+        const pieces = new Float64Array(3 * 16);
+        for (let i = 0; i < 16; i++) pieces.set([copier.address(src) + i * 4096, 4096, (15 - i) * 4096], 3 * i);
+        const copied = await Promise.all(Array.from({ length: 16 }, (_, i) => copier.copyOnThread(ring, pieces, i, i + 1)));
+        let same = true;
+        for (let i = 0; i < 16; i++) for (let b = 0; b < 4096; b++) same &&= ring[(15 - i) * 4096 + b] === src[i * 4096 + b];
+        console.log(JSON.stringify({ pools, copied: copied.reduce((a, b) => a + b, 0), same }));
+      `);
+      const { code, out } = await runToExit(NODE, [...NODE_TS, script]);
+      expect(code, out).toBe(0);
+      expect(JSON.parse(out.trim().split("\n").pop()!)).toEqual({ pools: 4, copied: 1 << 16, same: true });
+    } finally {
+      await ws.remove();
+    }
   });
 });
