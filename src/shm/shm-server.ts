@@ -275,7 +275,7 @@ class ShmConnection {
   readonly #held = new Map<number, number>();
   #wake: (() => void) | undefined;
   /** The consumer's round: where step `s` goes, and how notices are sent. */
-  #round: { startStep: number; slots: number; notify: "all" | "wait" } | undefined;
+  #round: { startStep: number; endStep: number; slots: number; notify: "all" | "wait" } | undefined;
   /** Steps published so far, from `startStep`: `[startStep, #published)`. */
   #published = 0;
   /**
@@ -545,7 +545,7 @@ class ShmConnection {
     }
     const layout = this.#ring.layout;
     const slots = layout.slots;
-    this.#round = { startStep, slots, notify: m.notify === "wait" ? "wait" : "all" };
+    this.#round = { startStep, endStep, slots, notify: m.notify === "wait" ? "wait" : "all" };
     this.#send({
       t: "ring",
       path: this.#ring.path,
@@ -578,8 +578,11 @@ class ShmConnection {
     const step = int(m, "step", 0, Number.MAX_SAFE_INTEGER);
     const round = this.#round;
     if (!round || round.notify !== "wait") throw new ShmProtocolError('"wait" needs an open consumer with notify "wait"');
-    if (this.#endedAt !== undefined && step >= this.#endedAt) {
-      this.#send({ t: "end", step: this.#endedAt });
+    if (step >= round.endStep) {
+      // Past the last step: answered by `end`, at once if it has been sent, else by the one
+      // `end` that follows the last step's publication (no error: a client that polls does not
+      // know the ring's end is near, and queueing would answer it twice).
+      if (this.#endedAt !== undefined) this.#send({ t: "end", step: this.#endedAt });
     } else if (step < round.startStep + this.#published) {
       const notice = this.#notices.get(step);
       if (!notice) throw new ShmProtocolError(`Wait for step ${step}, which the ring no longer holds (this consumer started at step ${round.startStep})`);

@@ -267,8 +267,10 @@ describe("shared-memory fast path", () => {
       expect(await next()).toMatchObject({ t: "batch", step: slots, slot: 0, generation: slots + 1 });
       expect(await next()).toMatchObject({ t: "batch", step: slots, slot: 0, generation: slots + 1 });
       expect(await next()).toMatchObject({ t: "batch", step: slots + 1, slot: 1, generation: slots + 2 });
-      s.write(encodeFrame({ t: "wait", step: 3 * slots }));
-      expect(await next()).toMatchObject({ t: "error", status: 400 });
+      s.write(encodeFrame({ t: "wait", step: 149 })); // below endStep, past a ring's length from the next step (slots + 2)
+      const refused = await next();
+      expect(refused).toMatchObject({ t: "error", status: 400 });
+      expect(String(refused.message)).toMatch(/Wait for step 149: the next step published is \d+, and the ring holds \d+ steps ahead/);
     } finally {
       s.close();
     }
@@ -302,6 +304,30 @@ describe("shared-memory fast path", () => {
       expect(await next()).toMatchObject({ t: "end", step: 3 });
       s.write(encodeFrame({ t: "wait", step: 1 }));
       expect(await next()).toMatchObject({ t: "batch", step: 1 });
+    } finally {
+      s.close();
+    }
+  });
+
+  it("answers waits at or past endStep sent before the end with the one end that follows the last step, never with an error", async () => {
+    const { s, next } = await greeted();
+    try {
+      s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 0, endStep: 70, notify: "wait" }));
+      const slots = Number((await next()).slots);
+      expect(slots).toBeLessThan(70); // the ring fills steps 0 .. slots-1, then waits for releases
+      s.write(encodeFrame({ t: "wait", step: slots - 1 }));
+      expect(await next()).toMatchObject({ t: "batch", step: slots - 1 });
+      // A polling client may ask past the end before it is near (here, past a ring's length
+      // from the next step published too: that was an error).
+      s.write(encodeFrame({ t: "wait", step: 70 }));
+      s.write(encodeFrame({ t: "wait", step: 500 }));
+      for (let step = 0; step < 70 - slots; step++) s.write(encodeFrame({ t: "release", slot: step % slots, generation: step + 1 }));
+      expect(await next()).toMatchObject({ t: "end", step: 70 });
+      // One end for both: the next frame answers the next wait.
+      s.write(encodeFrame({ t: "wait", step: 69 }));
+      expect(await next()).toMatchObject({ t: "batch", step: 69 });
+      s.write(encodeFrame({ t: "wait", step: 500 }));
+      expect(await next()).toMatchObject({ t: "end", step: 70 });
     } finally {
       s.close();
     }
