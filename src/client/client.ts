@@ -86,6 +86,9 @@ interface QueuedTimings {
   sentAt: number;
   /** Its reports in flight. */
   sending: number;
+  /** Which of the caller's timings it has reported: a step waits for those (see `#send`). */
+  reportsH2d: boolean;
+  reportsCompute: boolean;
 }
 
 /** A micro-batch or run of samples: tokens in the dataset's dtype, shape `[n, seq_length + 1]`. */
@@ -243,8 +246,8 @@ export class RackfeedClient {
   /** @param opts server URL, token, transport and retry policy */
   constructor(opts: RackfeedClientOptions) {
     if (opts.url === undefined) {
-      if (opts.socket === undefined || opts.local === undefined) {
-        throw new RangeError("RackfeedClient needs a url, or a socket path with a local transport");
+      if (opts.socket === undefined || opts.local === undefined || opts.shm === false) {
+        throw new RangeError("RackfeedClient needs a url, or a socket path with a local transport (and shm not switched off)");
       }
     } else {
       let url: URL;
@@ -256,6 +259,10 @@ export class RackfeedClient {
       // new URL("localhost:8080") parses, with the scheme "localhost:": fetch would then fail every attempt.
       if (url.protocol !== "http:" && url.protocol !== "https:") {
         throw new RangeError(`Invalid rackfeed url "${opts.url}": expected http:// or https://, e.g. http://127.0.0.1:8080`);
+      }
+      // Paths are appended to it: a query or fragment would swallow them.
+      if (url.search !== "" || url.hash !== "") {
+        throw new RangeError(`Invalid rackfeed url "${opts.url}": a query or fragment cannot be followed by a path; give the server's address, e.g. http://127.0.0.1:8080`);
       }
       this.#url = url.href.replace(/\/+$/, "");
     }
@@ -273,6 +280,9 @@ export class RackfeedClient {
     checkMs(this.#retryForMs, "retryForMs", true);
     checkMs(this.#backoff, "backoffMs", false);
     checkMs(this.#maxBackoff, "maxBackoffMs", false);
+    if (this.#backoff > this.#maxBackoff) {
+      throw new RangeError(`Invalid backoffMs ${this.#backoff}: expected at most maxBackoffMs (${this.#maxBackoff})`);
+    }
     this.#reportEvery = opts.reportEvery ?? 32;
     checkInt(this.#reportEvery, "reportEvery", 0);
     this.#reportIntervalMs = opts.reportIntervalMs ?? 1000;
@@ -309,7 +319,12 @@ export class RackfeedClient {
    * @throws {RackfeedError} for a missing object or a bad range
    */
   async readObject(origin: string, key: string, range: { start?: number; end?: number } = {}, opts: { signal?: AbortSignal } = {}): Promise<Uint8Array> {
-    const path = `/v1/objects/${encodeURIComponent(origin)}/${key.split("/").map(encodeURIComponent).join("/")}`;
+    const segments = key.split("/");
+    // URLs fold "." and ".." segments (escaped too) before a request leaves: another object would be read.
+    if (segments.some((seg) => seg === "." || seg === "..")) {
+      throw new RangeError(`Invalid object key "${key}": a "." or ".." segment cannot travel in a URL`);
+    }
+    const path = `/v1/objects/${encodeURIComponent(origin)}/${segments.map(encodeURIComponent).join("/")}`;
     const headers: Record<string, string> = {};
     const ranged = range.start !== undefined || range.end !== undefined;
     if (ranged) {
@@ -357,11 +372,16 @@ export class RackfeedClient {
    * its t_wait; a failed request is retried (same step), so a server restart costs time, never a
    * duplicate or a gap.
    */
-  async *batches(dataset: string, c: BatchesOptions): AsyncGenerator<StepBatch, void, undefined> {
+  batches(dataset: string, c: BatchesOptions): AsyncGenerator<StepBatch, void, undefined> {
+    // Checked here, not at the first next(): a generator's body runs only then.
     checkConsumer(c);
     if (c.startStep !== undefined) checkInt(c.startStep, "startStep", 0);
-    if (c.endStep !== undefined) checkInt(c.endStep, "endStep", 0);
+    if (c.endStep !== undefined) checkInt(c.endStep, "endStep", c.startStep ?? 0);
     if (c.prefetch !== undefined) checkInt(c.prefetch, "prefetch", 1, MAX_PREFETCH);
+    return this.#batches(dataset, c);
+  }
+
+  async *#batches(dataset: string, c: BatchesOptions): AsyncGenerator<StepBatch, void, undefined> {
     const depth = c.prefetch ?? 2;
     // Aborted when the caller stops (break, throw, its signal): no request outlives the loop.
     const ac = new AbortController();
@@ -378,6 +398,10 @@ export class RackfeedClient {
         const d = await this.describe(dataset, { signal });
         end = Math.floor(Number(d.numSamples) / (c.world * c.microBatch));
         if (!Number.isSafeInteger(end)) throw new RackfeedError(0, "BAD_RESPONSE", `Dataset "${dataset}" has no numSamples in its description`);
+        // A resume past the end is a wrong step, not an empty epoch (HTTP answers a batch there with 416).
+        if ((c.startStep ?? 0) > end) {
+          throw new RackfeedError(416, "RANGE_NOT_SATISFIABLE", `startStep ${c.startStep} is beyond dataset "${dataset}": it has ${end} steps for world=${c.world}, micro_batch=${c.microBatch}`);
+        }
       }
       const consumer = { dataset, rank: c.rank, world: c.world, micro_batch: c.microBatch };
       const id = JSON.stringify(consumer);
@@ -409,7 +433,7 @@ export class RackfeedClient {
               if (c.endStep !== undefined && step < c.endStep) {
                 throw new RackfeedError(416, "RANGE_NOT_SATISFIABLE", `Step ${step} is beyond dataset "${dataset}" (world=${c.world}, micro_batch=${c.microBatch}): the server ended the shared-memory stream there`);
               }
-              this.#background(this.flush());
+              this.#background(this.#send(undefined, id)); // its last steps may still wait for the caller's timings: close() sends them
               return;
             }
             const waitSeconds = (this.#now() - waitFrom) / 1000;
@@ -455,7 +479,8 @@ export class RackfeedClient {
         }
       };
       for (; step < end; step++) {
-        fill(step + depth);
+        // `depth` requests beyond this step: in flight while the caller works on this one.
+        fill(step + depth + 1);
         const b = await inFlight.get(step)!;
         inFlight.delete(step);
         signal.throwIfAborted(); // a batch that arrived before the abort is not handed out after it
@@ -465,8 +490,9 @@ export class RackfeedClient {
         waitFrom = this.#now();
         this.#autoFlush(id, waitFrom);
       }
-      // Never on the data path: a report that fails must not fail (or hold) the iteration; close() waits for it.
-      this.#background(this.flush());
+      // Never on the data path: a report that fails must not fail (or hold) the iteration; close()
+      // waits for it, and sends the last steps still waiting for the caller's timings.
+      this.#background(this.#send(undefined, id));
     } finally {
       c.signal?.removeEventListener("abort", onAbort);
       ac.abort(new DOMException("batches() ended", "AbortError"));
@@ -526,7 +552,15 @@ export class RackfeedClient {
       }
     }
     const q = this.#pending.get(id) ?? this.#queueOf(id, JSON.parse(id));
-    this.#record(id, { step, t_wait: q.steps.get(step)?.t_wait ?? NaN, ...t });
+    if (t.t_h2d !== undefined) q.reportsH2d = true;
+    if (t.t_compute !== undefined) q.reportsCompute = true;
+    // An explicit undefined must not erase a timing given before for this step.
+    this.#record(id, {
+      step,
+      t_wait: q.steps.get(step)?.t_wait ?? NaN,
+      ...(t.t_h2d !== undefined && { t_h2d: t.t_h2d }),
+      ...(t.t_compute !== undefined && { t_compute: t.t_compute }),
+    });
     this.#autoFlush(id);
   }
 
@@ -538,9 +572,9 @@ export class RackfeedClient {
   /**
    * Sends queued timings: every consumer's, or `only` this one's. Each consumer's steps leave the
    * queue before the first report is sent, so one slow report holds back no other consumer's
-   * steps and no step goes twice. `hold`: the consumer whose newest steps still wait for the
-   * caller's t_h2d/t_compute (a step's timings must travel in one report: the server judges a
-   * step healthy only from all three), kept back unless they are older than the last two steps.
+   * steps and no step goes twice. `hold`: the consumer whose newest two steps, when they still
+   * miss a timing its caller reports (t_h2d, t_compute), are kept back for it: a step's timings
+   * must travel in one report, as the server judges a step healthy only from all three.
    *
    * @throws {RackfeedError} when a report failed (after the others were sent)
    */
@@ -553,7 +587,10 @@ export class RackfeedClient {
       if (id === hold) for (const k of p.steps.keys()) newest = Math.max(newest, k);
       const out: StepTimings[] = [];
       for (const [k, s] of p.steps) {
-        if (id === hold && k >= newest - 1 && s.t_h2d === undefined && s.t_compute === undefined) continue;
+        // A step still missing a timing the caller reports (t_compute often comes a step late,
+        // at the next synchronisation) waits while it is one of the newest two.
+        const incomplete = (p.reportsH2d && s.t_h2d === undefined) || (p.reportsCompute && s.t_compute === undefined);
+        if (id === hold && k >= newest - 1 && incomplete) continue;
         out.push(s);
         p.steps.delete(k);
       }
@@ -631,18 +668,18 @@ export class RackfeedClient {
 
   /** Waits `ms`, ended early (rejecting with its reason) by `signal`; an aborted wait leaves no timer behind. */
   async #pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
-    if (!this.#sleep) return await sleep(ms, signal);
-    if (!signal) return await this.#sleep(ms);
+    if (!signal) return await (this.#sleep ?? sleep)(ms);
     signal.throwIfAborted();
-    let onAbort: () => void = () => {};
-    const aborted = new Promise<never>((_, reject) => {
-      onAbort = () => reject(signal.reason);
-      signal.addEventListener("abort", onAbort, { once: true });
-    });
+    // Its own controller, linked: many requests pausing at once add no listener each to `signal`.
+    const ac = new AbortController();
+    const unlink = linkAbort(signal, ac);
     try {
+      if (!this.#sleep) return await sleep(ms, ac.signal);
+      const aborted = new Promise<never>((_, reject) => ac.signal.addEventListener("abort", () => reject(ac.signal.reason), { once: true }));
+      aborted.catch(() => {});
       await Promise.race([this.#sleep(ms), aborted]);
     } finally {
-      signal.removeEventListener("abort", onAbort);
+      unlink();
     }
   }
 
@@ -659,7 +696,7 @@ export class RackfeedClient {
   /** A consumer's queue of timings, made on first use. */
   #queueOf(id: string, body: QueuedTimings["body"]): QueuedTimings {
     let q = this.#pending.get(id);
-    if (!q) this.#pending.set(id, (q = { body, steps: new Map(), sentAt: -Infinity, sending: 0 }));
+    if (!q) this.#pending.set(id, (q = { body, steps: new Map(), sentAt: -Infinity, sending: 0, reportsH2d: false, reportsCompute: false }));
     return q;
   }
 
@@ -673,7 +710,12 @@ export class RackfeedClient {
   async #tokens(path: string, signal?: AbortSignal): Promise<TokenBatch> {
     return await this.#get(path, {}, signal, async (res) => {
       const dtype = res.headers.get("x-rackfeed-dtype") ?? "uint16";
-      const shape = (res.headers.get("x-rackfeed-shape") ?? "0,0").split(",").map(Number) as [number, number];
+      const shapeHeader = res.headers.get("x-rackfeed-shape");
+      if (shapeHeader === null) {
+        await res.body?.cancel();
+        throw new RackfeedError(res.status, "BAD_RESPONSE", `${path}: no X-Rackfeed-Shape header, so not rackfeed's answer; is ${this.#url} a rackfeed server?`);
+      }
+      const shape = shapeHeader.split(",").map(Number) as [number, number];
       const Typed = TYPED[dtype];
       if (!Typed) {
         await res.body?.cancel(); // else the connection stays held until the response is collected
@@ -715,8 +757,7 @@ export class RackfeedClient {
     for (let attempt = 0;; attempt++) {
       signal?.throwIfAborted();
       const ac = new AbortController();
-      const onAbort = () => ac.abort(signal!.reason);
-      signal?.addEventListener("abort", onAbort, { once: true });
+      const unlink = signal && linkAbort(signal, ac);
       const timer = timeoutMs > 0
         ? setTimeout(() => ac.abort(new DOMException(`No complete answer in ${timeoutMs} ms`, "TimeoutError")), timeoutMs)
         : undefined;
@@ -726,7 +767,16 @@ export class RackfeedClient {
       try {
         const res = await this.#fetch(`${this.#url}${path}`, { ...init, signal: ac.signal });
         status = res.status;
-        if (res.ok) return await read(res);
+        if (res.ok) {
+          try {
+            return await read(res);
+          } catch (e) {
+            // Not a body cut short (a network error, retried) but one that is no answer of ours:
+            // a wrong port or a proxy's page. Retrying would only hide that for a minute.
+            if (e instanceof SyntaxError) throw new RackfeedError(res.status, "BAD_RESPONSE", `${path}: the answer is not rackfeed's (${e.message}); is ${this.#url} a rackfeed server?`);
+            throw e;
+          }
+        }
         if (!TRANSIENT.has(res.status)) {
           const body = await res.json().catch(() => ({})) as { error?: string; message?: string };
           throw new RackfeedError(res.status, body.error ?? "HTTP_ERROR", body.message ?? `HTTP ${res.status} for ${path}`);
@@ -742,7 +792,7 @@ export class RackfeedClient {
         status = 0;
       } finally {
         clearTimeout(timer);
-        signal?.removeEventListener("abort", onAbort);
+        unlink?.();
       }
       if (Number.isNaN(failingSince)) failingSince = this.#now();
       if (this.#givesUp(attempt, failingSince, budget.retryForMs)) {
@@ -752,6 +802,32 @@ export class RackfeedClient {
       await this.#pause(Number.isFinite(retryAfter) && retryAfter > 0 ? Math.min(retryAfter * 1000, this.#maxBackoff) : this.#backoffMs(attempt), signal);
     }
   }
+}
+
+const linked = new WeakMap<AbortSignal, Set<AbortController>>();
+
+/**
+ * Aborts `ac` when `signal` aborts, through one listener per signal however many requests share
+ * it (a `batches()` loop's requests in flight: one listener each warned of a leak past 10 on
+ * Node; `AbortSignal.any` leaks with a long-lived source on Node and Deno). Returns the unlink.
+ */
+function linkAbort(signal: AbortSignal, ac: AbortController): () => void {
+  if (signal.aborted) {
+    ac.abort(signal.reason);
+    return () => {};
+  }
+  let set = linked.get(signal);
+  if (set === undefined) {
+    const fresh = new Set<AbortController>();
+    linked.set(signal, fresh);
+    signal.addEventListener("abort", () => {
+      for (const c of fresh) c.abort(signal.reason);
+      fresh.clear();
+    }, { once: true });
+    set = fresh;
+  }
+  set.add(ac);
+  return () => void set.delete(ac);
 }
 
 /** A 2xx body shorter or longer than its headers say: retried like a lost connection. */

@@ -68,7 +68,7 @@ describe("RackfeedClient arguments", () => {
     }
   });
 
-  it("batches() refuses a bad prefetch, rank, world or microBatch (NaN, Infinity, 0, prefetch over 64) with a RangeError before any request", async () => {
+  it("batches() refuses a bad prefetch, rank, world, microBatch or step range (NaN, Infinity, 0, prefetch over 64, start past end) with a RangeError at the call, before any request", async () => {
     const proxy = await startFaultProxy(rf.url);
     try {
       const c = new RackfeedClient({ url: proxy.url });
@@ -78,10 +78,11 @@ describe("RackfeedClient arguments", () => {
         { rank: Number.NaN }, { rank: -1 }, { rank: 1 }, { rank: 0.5 },
         { world: 0 }, { world: Number.NaN }, { world: Infinity },
         { microBatch: 0 }, { microBatch: Number.NaN }, { microBatch: Infinity },
+        { startStep: 10, endStep: 5 }, { startStep: -1 }, { endStep: 2.5 },
       ];
       for (const b of bad) {
-        const got = await c.batches("d", { ...ok, ...b }).next().then((r) => `yielded ${JSON.stringify(r.value?.shape)}`, (e) => e);
-        expect(got, JSON.stringify(b, (_k, v) => (typeof v === "number" && !Number.isFinite(v) ? String(v) : v))).toBeInstanceOf(RangeError);
+        // Thrown by the call itself, not by the first next(): a trainer sees it where it asked.
+        expect(() => c.batches("d", { ...ok, ...b }), JSON.stringify(b, (_k, v) => (typeof v === "number" && !Number.isFinite(v) ? String(v) : v))).toThrow(RangeError);
       }
       expect(proxy.counts.requests).toBe(0);
       // The bounds themselves are fine.
@@ -90,6 +91,53 @@ describe("RackfeedClient arguments", () => {
       expect(steps).toEqual([0, 1, 2]);
     } finally {
       await proxy.close();
+    }
+  });
+
+  it("batches() raises 416 for a startStep past the dataset's last step, without an endStep, as HTTP does for its batch (not an empty epoch)", async () => {
+    const c = new RackfeedClient({ url: rf.url });
+    const steps = Math.floor(2000 / 4);
+    const err = await c.batches("d", { rank: 0, world: 1, microBatch: 4, startStep: steps + 1 }).next().then(() => "yielded", (e) => e);
+    expect(err).toBeInstanceOf(RackfeedError);
+    expect(err.status).toBe(416);
+    expect(err.message).toMatch(new RegExp(`startStep ${steps + 1} is beyond dataset "d": it has ${steps} steps`));
+    // At the end exactly: a finished epoch, nothing to read.
+    const none: number[] = [];
+    for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 4, startStep: steps })) none.push(b.step);
+    expect(none).toEqual([]);
+  });
+
+  it("refuses a url with a query or fragment, a socket-only client with shm off, and a backoff over its cap, in the constructor", () => {
+    for (const url of [`${rf.url}/?x=1`, `${rf.url}/#frag`]) expect(() => new RackfeedClient({ url }), url).toThrow(/a query or fragment cannot be followed by a path/);
+    expect(() => new RackfeedClient({ socket: "/tmp/none.sock", local: {} as never, shm: false })).toThrow(/needs a url, or a socket path with a local transport \(and shm not switched off\)/);
+    expect(() => new RackfeedClient({ url: rf.url, backoffMs: 5000, maxBackoffMs: 10 })).toThrow(/Invalid backoffMs 5000: expected at most maxBackoffMs \(10\)/);
+  });
+
+  it("readObject() refuses a key with a . or .. segment, which a URL would fold into another object's", async () => {
+    const c = new RackfeedClient({ url: rf.url });
+    for (const key of ["tok/../tok/d.idx", "./obj.bin", "a/./b", ".."]) {
+      const err = await c.readObject("data", key).then(() => "read", (e) => e);
+      expect(err, key).toBeInstanceOf(RangeError);
+      expect(String(err.message)).toMatch(/a "\." or "\.\." segment cannot travel in a URL/);
+    }
+    expect((await c.readObject("data", "obj.bin", { start: 0, end: 4 })).length).toBe(4); // dots inside a name are fine
+  });
+
+  it("fails at once with BAD_RESPONSE when the url answers 200 with something that is not rackfeed's (a wrong port, a proxy page)", async () => {
+    const page = new TextEncoder().encode("<!doctype html><p>Grafana</p>");
+    const { url, server } = await ignoringRange(page);
+    try {
+      const c = new RackfeedClient({ url, retryForMs: 60_000 });
+      const described = await c.describe("d").then(() => "described", (e) => e);
+      expect(described).toBeInstanceOf(RackfeedError);
+      expect(described.code).toBe("BAD_RESPONSE");
+      expect(described.message).toMatch(/is .* a rackfeed server\?/);
+      const batch = await c.batch("d", 0, { rank: 0, world: 1, microBatch: 4 }).then(() => "batch", (e) => e);
+      expect(batch).toBeInstanceOf(RackfeedError);
+      expect(batch.code).toBe("BAD_RESPONSE");
+      expect(c.retried).toBe(0);
+    } finally {
+      await new Promise((r) => server.close(r));
     }
   });
 

@@ -4,7 +4,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
 import { MAX_QUEUED_STEPS } from "../../src/client/client.ts";
 import { createClient, http2Fetch } from "../../src/client/node.ts";
-import { expectSameBytes, freePort, makeWorkspace, patternBytes, readMetric, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
+import { expectSameBytes, freePort, makeWorkspace, patternBytes, readMetric, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
+import { startFaultProxy } from "../helpers/fault-proxy.ts";
 import { selfSignedCert } from "../helpers/tls.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
@@ -48,6 +49,57 @@ describe("RackfeedClient", () => {
       expectSameBytes(new Uint8Array(b.tokens.buffer), await direct(rf.url, b.step), `step ${b.step}`);
     }
     expect(seen).toEqual([10, 11, 12, 13, 14, 15, 16, 17, 18, 19]);
+  });
+
+  it("keeps prefetch requests in flight beyond the batch the caller holds, over HTTP (prefetch 1 included)", async () => {
+    for (const prefetch of [1, 3]) {
+      const proxy = await startFaultProxy(rf.url);
+      try {
+        const c = new RackfeedClient({ url: proxy.url });
+        const it = c.batches("d", { rank: 0, world: 1, microBatch: 4, startStep: 0, endStep: 50, prefetch });
+        expect((await it.next()).value?.step).toBe(0);
+        // While the caller works on step 0: steps 1 .. prefetch are asked for, and no more.
+        await waitFor(() => proxy.counts.requests === 1 + prefetch, `${1 + prefetch} requests with prefetch ${prefetch} (saw ${proxy.counts.requests})`);
+        await new Promise((r) => setTimeout(r, 100));
+        expect(proxy.counts.requests).toBe(1 + prefetch);
+        await it.return(undefined);
+      } finally {
+        await proxy.close();
+      }
+    }
+  });
+
+  it("adds no abort listener per request: 64 requests in flight raise no listener-leak warning", async () => {
+    const warnings: string[] = [];
+    const onWarning = (w: Error) => warnings.push(`${w.name}: ${w.message}`);
+    process.on("warning", onWarning);
+    try {
+      const c = new RackfeedClient({ url: rf.url });
+      let n = 0;
+      for await (const _ of c.batches("d", { rank: 0, world: 1, microBatch: 4, endStep: 100, prefetch: 64 })) n++;
+      expect(n).toBe(100);
+      await new Promise((r) => setTimeout(r, 50)); // warnings are emitted on a later tick
+    } finally {
+      process.off("warning", onWarning);
+    }
+    expect(warnings.filter((w) => /MaxListeners|listener/i.test(w))).toEqual([]);
+  });
+
+  it("sends a step's three timings in one report when its t_compute comes a step late, so every step is judged healthy or not", async () => {
+    const c = new RackfeedClient({ url: rf.url, reportEvery: 4, reportIntervalMs: 0 });
+    const judged = async () =>
+      (await rf.metric("rackfeed_steps_total", { dataset: "d", healthy: "true" })) + (await rf.metric("rackfeed_steps_total", { dataset: "d", healthy: "false" }));
+    const before = await judged();
+    let previous: number | undefined;
+    for await (const b of c.batches("d", { rank: 1, world: 2, microBatch: 4, startStep: 100, endStep: 140 })) {
+      // An asynchronous GPU: the copy's time now, the previous step's compute at this synchronisation.
+      c.reportStep(b.step, { t_h2d: 0.001 });
+      if (previous !== undefined) c.reportStep(previous, { t_compute: 0.05 });
+      previous = b.step;
+    }
+    c.reportStep(previous!, { t_compute: 0.05 });
+    await c.close();
+    expect(await judged()).toBe(before + 40);
   });
 
   it("reports t_wait, and t_h2d/t_compute given by the caller, as server histograms", async () => {
