@@ -173,7 +173,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   }
   let listener;
   try {
-    listener = await host.listen(server.fetch, config.listen, config.tls);
+    listener = await host.listen(server.fetch, config.listen, config.tls, { queuedBytes: config.batchInflightBytes });
   } catch (e) {
     host.printError(`rackfeed: cannot listen on ${config.listen.hostname}:${config.listen.port}: ${describe(e)}; pass --listen HOST:PORT (port 0 picks a free one)`);
     await server.close();

@@ -27,11 +27,24 @@ export type WhenDone = (env: unknown, done: (reusable: boolean) => void) => bool
  */
 export type ClientGone = (env: unknown) => () => boolean;
 
+/** What a listener may hold for its connections. */
+export interface ListenLimits {
+  /** A connection with nothing in progress is closed after this (ms). */
+  readonly idleMs?: number;
+  /**
+   * Response bytes the server may have queued for its clients, all together (HTTP batch bodies
+   * in flight, `--batch-inflight-bytes`): one HTTP/2 connection may hold as much without its new
+   * streams being refused.
+   */
+  readonly queuedBytes?: number;
+}
+
 /** Starts serving `fetch` on an address: HTTP/1.1 + h2c, or with `tls` HTTPS with ALPN h2/http1.1. */
 export type Listen = (
   fetch: FetchHandler,
   addr: { hostname: string; port: number },
   tls?: { cert: string; key: string },
+  limits?: ListenLimits,
 ) => Promise<Listener>;
 
 /** Formats `host:port`, bracketing IPv6 literals. */

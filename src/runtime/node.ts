@@ -8,7 +8,7 @@ import * as net from "node:net";
 import * as fs from "node:fs";
 import { readFileSync } from "node:fs";
 import type { CliHost } from "../cli/run-cli.ts";
-import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
+import { type FetchHandler, hostPort, type Listener, type ListenLimits } from "./listener.ts";
 import { workerIndexBuilder } from "./index-builder.ts";
 import { hostMemoryLimit } from "./memory-limit.ts";
 import { loadNodePieceCopier } from "./native-gather-node.ts";
@@ -33,7 +33,7 @@ export function listenNode(
   fetch: FetchHandler,
   addr: { hostname: string; port: number },
   tls?: { cert: string; key: string },
-  limits: { idleMs?: number } = {},
+  limits: ListenLimits = {},
 ): Promise<Listener> {
   const idleMs = limits.idleMs ?? IDLE_CONNECTION_MS;
   const listener = getRequestListener(fetch as Parameters<typeof getRequestListener>[0]);
@@ -43,10 +43,12 @@ export function listenNode(
     // At most 256 streams open per session (Node advertises 2^32 - 1 by default, Deno 200): each
     // costs memory whether or not its reader reads (5 000 stalled streams on one connection: +40 MB).
     settings: { initialWindowSize: 8 * 2 ** 20, maxFrameSize: 2 ** 20 - 1, maxConcurrentStreams: H2_MAX_STREAMS },
-    // MB a session may hold in nghttp2's queues before new streams are refused with
-    // ENHANCE_YOUR_CALM. The default (10) is about one 8 MiB batch: four streams of 8 MiB
-    // batches to a client with a large window failed with it (bench/transport). Still a bound.
-    maxSessionMemory: 128,
+    // MB a session may hold queued before its new streams are refused with ENHANCE_YOUR_CALM,
+    // and after 100 refusals the session dropped with every batch in it. The default (10) is
+    // about one 8 MiB batch; 128 was ~50 unread 2.4 MB batches (a client that reads as it
+    // pleases, nghttp). The batch bodies in flight are bounded for the whole server already
+    // (`queuedBytes`): a session may hold them all, plus room for streamed objects and headers.
+    maxSessionMemory: Math.max(SESSION_MEMORY_MB, Math.ceil((limits.queuedBytes ?? 0) / 1e6) + SESSION_MEMORY_MB),
   };
   let server: net.Server;
   // HTTP/2 sessions are closed at shutdown: a client's idle session would otherwise hold
@@ -253,6 +255,9 @@ function closeWhenIdle(s: Http2Session, idleMs: number): void {
   });
   s.once("close", () => clearTimeout(timer));
 }
+
+/** MB an HTTP/2 session may hold queued beyond the server's bound on batch bodies in flight. */
+const SESSION_MEMORY_MB = 128;
 
 /** Streams one HTTP/2 session may have open at once (advertised in SETTINGS). */
 export const H2_MAX_STREAMS = 256;

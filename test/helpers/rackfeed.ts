@@ -75,7 +75,7 @@ export async function startServer(
     copier: loadNodePieceCopier(),
     ...env,
   });
-  const listener: Listener = await listenNode(server.fetch, config.listen, config.tls);
+  const listener: Listener = await listenNode(server.fetch, config.listen, config.tls, { queuedBytes: config.batchInflightBytes });
   if (args.includes("--shm-dir")) {
     try {
       await server.startShm(Number(new URL(listener.url).port));

@@ -142,6 +142,45 @@ describe("HTTP/2 on Node", () => {
     }
   });
 
+  it("keeps taking new streams while unread batches fill a session past 128 MB (a client that reads when it pleases)", async () => {
+    const { idx, bin } = syntheticDataset(400, 500, 6000, 6);
+    await ws.put("tok/calm.idx", idx);
+    await ws.put("tok/calm.bin", bin);
+    const reg = join(ws.dir, "calm.json");
+    writeFileSync(reg, JSON.stringify({ sources: [{ prefix: "data/tok/calm" }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 3000 }));
+    const server = await startServer(ws, ["--dataset", `calm=${reg}`, "--cache-dir", join(ws.dir, "c-calm")]);
+    const session = http2.connect(server.url); // the default 64 KiB window: the batches wait in the server
+    try {
+      // 60 batches of 2.4 MB asked for and not read: ~147 MB queued on one session. Node refused
+      // new streams past 128 MB (ENHANCE_YOUR_CALM), then dropped the session and every batch.
+      const unread = Array.from({ length: 60 }, (_, i) => {
+        const req = session.request({ ":path": `/v1/datasets/calm/batches/${i % 10}?rank=0&world=1&micro_batch=300` });
+        req.pause();
+        const status = new Promise<number>((resolve, reject) => {
+          req.once("response", (h) => resolve(Number(h[":status"])));
+          req.once("error", reject);
+        });
+        return { req, status };
+      });
+      expect(await Promise.all(unread.map((u) => u.status))).toEqual(Array(60).fill(200));
+      await waitFor(async () => (await server.metric("rackfeed_batch_inflight_bytes")) >= 60 * 300 * 4097 * 2, "60 batches assembled and queued");
+      const health = await h2get(session, "/healthz");
+      expect(health.status).toBe(200);
+      // Every queued batch still arrives whole once read.
+      const sizes = await Promise.all(unread.map(({ req }) => new Promise<number>((resolve, reject) => {
+        let n = 0;
+        req.on("data", (d: Buffer) => (n += d.length));
+        req.once("end", () => resolve(n));
+        req.once("error", reject);
+        req.resume();
+      })));
+      expect(sizes).toEqual(Array(60).fill(300 * 4097 * 2));
+    } finally {
+      session.close();
+      await server.close();
+    }
+  });
+
   it("releases the batch leases of sessions whose client sent GOAWAY and vanished while a batch was held back by flow control", async () => {
     const { idx, bin } = syntheticDataset(400, 500, 6000, 5);
     await ws.put("tok/gone.idx", idx);
