@@ -36,7 +36,11 @@ export function listenNode(
   limits: ListenLimits = {},
 ): Promise<Listener> {
   const idleMs = limits.idleMs ?? IDLE_CONNECTION_MS;
-  const listener = getRequestListener(fetch as Parameters<typeof getRequestListener>[0]);
+  const serve = getRequestListener(fetch as Parameters<typeof getRequestListener>[0]);
+  const listener = (req: http.IncomingMessage | http2.Http2ServerRequest, res: http.ServerResponse | http2.Http2ServerResponse) => {
+    if (req.httpVersionMajor === 1) closeWhenUnread(res as http.ServerResponse, idleMs); // HTTP/2: `closeWhenStalled`
+    return serve(req as http.IncomingMessage, res as http.ServerResponse);
+  };
   const h2Options = {
     // Larger windows than the 64 KiB default: a batch is megabytes, and a small window makes
     // the server wait for WINDOW_UPDATEs; flow control still bounds what a slow reader costs.
@@ -60,6 +64,7 @@ export function listenNode(
     sessions.add(s);
     s.once("close", () => sessions.delete(s));
     closeWhenIdle(s, idleMs);
+    s.on("stream", (stream: http2.ServerHttp2Stream) => closeWhenStalled(stream, idleMs));
     // Node (20.x) closes a session gracefully when the peer sends GOAWAY, then waits for its
     // pending data to be written; when the peer is gone (it destroyed its session while a
     // stream was held back by flow control) that never happens, and the session, its socket,
@@ -254,6 +259,46 @@ function closeWhenIdle(s: Http2Session, idleMs: number): void {
     });
   });
   s.once("close", () => clearTimeout(timer));
+}
+
+/**
+ * Cancels an HTTP/2 stream its client has stalled for `idleMs`: a request body that stopped
+ * coming, or a response it stopped reading (flow control holds the rest in the server). Either
+ * kept the stream, its connection and its batch's bytes for good: an open stream counts as
+ * activity for `closeWhenIdle`. A stream the server itself is slow to answer (an origin's wait)
+ * is no stall.
+ */
+function closeWhenStalled(stream: http2.ServerHttp2Stream, idleMs: number): void {
+  // The stream's timer restarts with every frame it sends or receives.
+  stream.setTimeout(idleMs);
+  stream.on("timeout", () => {
+    if (stream.destroyed || stream.closed) return;
+    if (!stream.state.remoteClose || stream.bufferSize > 0) stream.close(http2.constants.NGHTTP2_CANCEL);
+    else stream.setTimeout(idleMs);
+  });
+}
+
+/**
+ * Closes an HTTP/1.1 connection whose client has read nothing of a response for `idleMs` while
+ * some of it waits to be sent: it held the connection and the batch's bytes for good. Checked
+ * every `idleMs` against the bytes the socket has written.
+ */
+function closeWhenUnread(res: http.ServerResponse, idleMs: number): void {
+  const socket = res.socket;
+  if (!socket) return;
+  // Until the response's bytes have left the socket: a response is "finished" once they are
+  // handed to it, and most of a large one may still wait there for the client.
+  let responded = false;
+  res.once("close", () => (responded = true));
+  let written = -1;
+  const timer = setInterval(() => {
+    if (socket.destroyed || (responded && socket.writableLength === 0)) return clearInterval(timer);
+    // bytesWritten counts what waits in the socket too: it stands still while nothing leaves.
+    if (socket.writableLength > 0 && socket.bytesWritten === written) socket.destroy();
+    written = socket.bytesWritten;
+  }, idleMs);
+  timer.unref();
+  socket.once("close", () => clearInterval(timer));
 }
 
 /** MB an HTTP/2 session may hold queued beyond the server's bound on batch bodies in flight. */

@@ -14,11 +14,13 @@ let listener: Listener;
 let port: number;
 
 beforeAll(async () => {
-  // A handler that answers after `?delay=` ms: a stream in progress for longer than the idle time.
+  // A handler that answers after `?delay=` ms (a stream in progress for longer than the idle
+  // time), with `?size=` bytes, after reading any request body.
   const fetch = async (req: Request) => {
-    const delay = Number(new URL(req.url).searchParams.get("delay") ?? 0);
-    await new Promise((r) => setTimeout(r, delay));
-    return new Response("ok");
+    const q = new URL(req.url).searchParams;
+    await new Promise((r) => setTimeout(r, Number(q.get("delay") ?? 0)));
+    if (req.body) await req.arrayBuffer();
+    return new Response(q.has("size") ? new Uint8Array(Number(q.get("size"))) : "ok");
   };
   listener = await listenNode(fetch, { hostname: "127.0.0.1", port: 0 }, undefined, { idleMs: IDLE_MS });
   port = Number(new URL(listener.url).port);
@@ -159,3 +161,82 @@ describe("Node's HTTP/2 stream limit", () => {
     }
   });
 });
+
+describe("Node listener: requests a client has stalled", () => {
+  /** Resolves with how the stream ended and when (ms from its start), or "open" after `waitMs`. */
+  function streamEnd(req: http2.ClientHttp2Stream, waitMs: number): Promise<{ how: string; ms: number }> {
+    const t0 = performance.now();
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => resolve({ how: "open", ms: Infinity }), waitMs);
+      req.on("error", (e: Error & { code?: string }) => {
+        clearTimeout(timer);
+        resolve({ how: e.code ?? e.message, ms: performance.now() - t0 });
+      });
+      req.on("close", () => {
+        clearTimeout(timer);
+        resolve({ how: `closed ${req.rstCode}`, ms: performance.now() - t0 });
+      });
+    });
+  }
+
+  it("cancels an HTTP/2 stream whose request body stops coming after the idle time, then closes its idle session", async () => {
+    const session = http2.connect(`http://127.0.0.1:${port}`);
+    session.on("error", () => {});
+    const sessionClosed = new Promise<void>((r) => session.once("close", () => r()));
+    try {
+      const req = session.request({ ":method": "POST", ":path": "/upload" }, { endStream: false });
+      req.write("a part of a body, then nothing"); // and never END_STREAM
+      const end = await streamEnd(req, 5000);
+      expect(end.how).toMatch(/ERR_HTTP2_STREAM_ERROR|closed 8/); // NGHTTP2_CANCEL
+      expect(end.ms).toBeGreaterThanOrEqual(IDLE_MS - 50);
+      await sessionClosed; // no stream open any more: closed after the idle time (the test's timeout bounds it)
+    } finally {
+      session.destroy();
+    }
+  });
+
+  it("cancels an HTTP/2 stream whose client stops reading a response that flow control holds back", async () => {
+    const session = http2.connect(`http://127.0.0.1:${port}`, { settings: { initialWindowSize: 16384 } });
+    session.on("error", () => {});
+    try {
+      const req = session.request({ ":path": `/big?size=${8 * 2 ** 20}` });
+      req.pause(); // reads nothing: the server holds ~8 MiB for it
+      const end = await streamEnd(req, 5000);
+      expect(end.how).toMatch(/ERR_HTTP2_STREAM_ERROR|closed 8/);
+      // A stream the server is slow to answer is no stall: still served.
+      const slow = session.request({ ":path": `/slow?delay=${3 * IDLE_MS}` });
+      const chunks: Buffer[] = [];
+      slow.on("data", (d: Buffer) => chunks.push(d));
+      await new Promise<void>((resolve, reject) => slow.once("end", resolve).once("error", reject));
+      expect(Buffer.concat(chunks).toString()).toBe("ok");
+    } finally {
+      session.destroy();
+    }
+  });
+
+  it("closes an HTTP/1.1 connection whose client stops reading a response, and keeps one the server is slow to answer", async () => {
+    const size = 64 * 2 ** 20;
+    const got = await new Promise<{ bytes: number; closed: boolean }>((resolve) => {
+      let bytes = 0;
+      const s = net.connect(port, "127.0.0.1", () => s.write(`GET /big?size=${size} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`));
+      s.pause(); // reads nothing: the kernel's buffers fill, the rest waits in the server
+      s.on("error", () => {});
+      s.on("data", (d: Buffer) => (bytes += d.length));
+      // A paused socket hears of nothing: read after a few idle times, and see whether the rest came.
+      setTimeout(() => s.resume(), 4 * IDLE_MS);
+      const timer = setTimeout(() => {
+        s.destroy();
+        resolve({ bytes, closed: false });
+      }, 10_000);
+      s.once("close", () => {
+        clearTimeout(timer);
+        resolve({ bytes, closed: true });
+      });
+    });
+    expect(got.closed).toBe(true);
+    expect(got.bytes).toBeLessThan(size); // cut off, not delivered late
+    const res = await fetch(`http://127.0.0.1:${port}/slow?delay=${3 * IDLE_MS}`);
+    expect(await res.text()).toBe("ok");
+  });
+});
+
