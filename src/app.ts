@@ -11,6 +11,7 @@ import { errorHandler } from "./http/error-handler.ts";
 import { bearerAuth } from "./http/middleware/bearer-auth.ts";
 import { rejectDotSegments } from "./http/middleware/reject-dot-segments.ts";
 import { rejectBadHost } from "./http/middleware/reject-bad-host.ts";
+import { RequestBodies } from "./http/middleware/request-bodies.ts";
 import { datasetRoutes } from "./http/routes/datasets.ts";
 import { operationalRoutes } from "./http/routes/health.ts";
 import { prefetchRoutes } from "./http/routes/prefetch.ts";
@@ -48,6 +49,8 @@ export interface AppDeps {
   readonly wrapBody: (bytes: Uint8Array) => BodyInit;
   /** Largest samples/batch body. */
   readonly maxBatchBytes: number;
+  /** Bytes of request bodies received at once (`--request-body-bytes`); default 64 MiB. */
+  readonly requestBodyBytes?: number;
   /** Reusable batch bodies and the runtime's word on when a response is out; unset: a new body per batch. */
   readonly bodies?: BatchBodies;
   /** The native gather; unset: batches are copied in JavaScript. */
@@ -70,6 +73,7 @@ export interface AppDeps {
  */
 export function createApp(deps: AppDeps): Hono {
   const app = new Hono();
+  const requestBodies = new RequestBodies(deps.requestBodyBytes ?? 64 * 2 ** 20);
   app.onError(errorHandler(deps.log));
   app.notFound((c) => c.json({ error: "NOT_FOUND", message: `No route for ${c.req.method} ${c.req.path}` }, 404));
   app.use("*", rejectBadHost());
@@ -86,6 +90,7 @@ export function createApp(deps: AppDeps): Hono {
     adminToken: deps.adminToken,
     maxBatchBytes: deps.maxBatchBytes,
     bodies: deps.bodies,
+    requestBodies,
     copier: deps.copier,
     now: deps.now,
     onBatch: (s, cache) => deps.metrics.observeBatch(s, cache),
@@ -104,8 +109,8 @@ export function createApp(deps: AppDeps): Hono {
       return c.json(info);
     },
   );
-  prefetchRoutes(app, { jobs: deps.prefetch, adminToken: deps.adminToken });
-  telemetryRoutes(app, { metrics: deps.metrics, datasets: () => deps.datasets.names() });
+  prefetchRoutes(app, { jobs: deps.prefetch, adminToken: deps.adminToken, requestBodies });
+  telemetryRoutes(app, { metrics: deps.metrics, datasets: () => deps.datasets.names(), requestBodies });
   app.get("/openapi.json", routeDoc("operations", "This OpenAPI description, generated from the route definitions"), openAPIRouteHandler(app, {
     documentation: OPENAPI_DOCUMENT,
     excludeStaticFile: false, // "/openapi.json" has a dot but is no static file

@@ -281,6 +281,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     readToken: config.readToken,
     adminToken: config.adminToken,
     maxBatchBytes: config.maxBatchBytes,
+    requestBodyBytes: config.requestBodyBytes,
     bodies: env.whenDone && bodies ? { pool: bodies, whenDone: env.whenDone, clientGone: env.clientGone } : undefined,
     copier,
     now: env.now,

@@ -345,6 +345,15 @@ export const TUNABLES = {
     parse: sizeIn(4096, TiB),
     doc: "HTTP batch bodies assembled and not yet sent, all requests together; more wait (up to 30 s, then 503). At least --max-batch-bytes",
   } as Tunable<number>,
+  requestBodyBytes: {
+    key: "requestBodyBytes",
+    flag: "--request-body-bytes",
+    env: "RACKFEED_REQUEST_BODY_BYTES",
+    default: "64MiB",
+    // At least the largest body a route takes (a telemetry report, 2 MiB).
+    parse: sizeIn(2 * MiB, 16 * 2 ** 30),
+    doc: "Request bodies (telemetry reports, registrations, prefetch jobs) received at once, all requests together; more get 503 with Retry-After",
+  } as Tunable<number>,
   batchPoolBytes: {
     key: "batchPoolBytes",
     flag: "--batch-pool-bytes",

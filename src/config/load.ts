@@ -54,6 +54,8 @@ export interface Config {
   /** Threads of the native gather; 0: auto (the runtime binding's own count). */
   readonly nativeGatherThreads: number;
   readonly batchInflightBytes: number;
+  /** Bytes of request bodies received at once, all requests together. */
+  readonly requestBodyBytes: number;
   readonly maxIndexBytes: number;
   readonly readToken: string | undefined;
   /** Absolute directory of the shm rings; undefined when the shm path is off. */

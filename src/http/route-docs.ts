@@ -46,7 +46,7 @@ export const TOKEN_BODY = {
 };
 
 /** Routes that take a JSON body, bounded by `bytes`. */
-export const bodyBound = (bytes: number) => ({ 413: error(`Body over ${bytes} bytes`) });
+export const bodyBound = (bytes: number) => ({ 413: error(`Body over ${bytes} bytes`), 503: error("Too many request bodies being received at once (--request-body-bytes); retry after Retry-After") });
 
 /** Admin-only routes. */
 export const ADMIN = { security: [{ bearer: [] }], responses: { 401: error("Missing or wrong admin token"), 403: error("Admin endpoints are disabled (no --admin-token)") } };

@@ -1,7 +1,6 @@
 /** @module The dataset API: register, describe, samples and batches of Megatron token datasets. */
 
 import type { Context, Hono } from "hono";
-import { bodyLimit } from "hono/body-limit";
 import type { PieceCopier } from "../../batch/piece-copier.ts";
 import { assembleSamples, bodyBytes, cacheState, checkedBodyBytes, peekCacheState } from "../../batch/assemble-batch.ts";
 import type { BatchBodyPool } from "../../batch/body-pool.ts";
@@ -10,8 +9,9 @@ import type { DatasetCatalog, RegisteredDataset } from "../../batch/dataset-cata
 import type { BatchStats } from "../../batch/batch-stats.ts";
 import { type ReadAhead, stepSamples } from "../../batch/read-ahead.ts";
 import type { BlockCache } from "../../cache/block-cache.ts";
-import { badRequest, payloadTooLarge, RangeNotSatisfiableError } from "../../errors.ts";
+import { badRequest, RangeNotSatisfiableError } from "../../errors.ts";
 import { bearerAuth } from "../middleware/bearer-auth.ts";
+import type { RequestBodies } from "../middleware/request-bodies.ts";
 import { httpTransport, type ServedBytes } from "../served-bytes.ts";
 import { ADMIN, bodyBound, query, routeDoc, TOKEN_BODY } from "../route-docs.ts";
 
@@ -22,6 +22,8 @@ export interface DatasetRoutesDeps {
   readonly readAhead: ReadAhead;
   readonly served: ServedBytes;
   readonly adminToken: string | undefined;
+  /** The budget registrations' bodies are received within. */
+  readonly requestBodies: RequestBodies;
   readonly maxBatchBytes: number;
   readonly now: () => number;
   /** Called with each batch's seconds and whether its blocks were in memory, arriving, or missing. */
@@ -64,12 +66,7 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
       responses: { ...ADMIN.responses, 201: { description: "Registered; the body describes the dataset" }, 409: { description: "Overtaken by a later registration of the same name, which is served" }, ...bodyBound(MAX_REGISTRATION_BYTES) },
     }),
     bearerAuth({ token: deps.adminToken, required: true, role: "admin" }),
-    bodyLimit({
-      maxSize: MAX_REGISTRATION_BYTES,
-      onError: () => {
-        throw payloadTooLarge(`Dataset registration too large: at most ${MAX_REGISTRATION_BYTES} bytes of JSON`);
-      },
-    }),
+    deps.requestBodies.limit(MAX_REGISTRATION_BYTES, `Dataset registration too large: at most ${MAX_REGISTRATION_BYTES} bytes of JSON`),
     async (c) => {
       let body: unknown;
       try {

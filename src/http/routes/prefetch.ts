@@ -1,11 +1,11 @@
 /** @module `/prefetch`: start, watch (JSON or Server-Sent Events) and cancel warm jobs. Admin token required. */
 
 import type { Hono } from "hono";
-import { bodyLimit } from "hono/body-limit";
 import { streamSSE } from "hono/streaming";
-import { badRequest, payloadTooLarge } from "../../errors.ts";
+import { badRequest } from "../../errors.ts";
 import { parsePrefetchRequest, type PrefetchJobs, type PrefetchProgress } from "../../prefetch/prefetch-jobs.ts";
 import { bearerAuth } from "../middleware/bearer-auth.ts";
+import type { RequestBodies } from "../middleware/request-bodies.ts";
 import { ADMIN, bodyBound, routeDoc } from "../route-docs.ts";
 
 /** Largest prefetch request body. */
@@ -17,7 +17,7 @@ const MAX_PREFETCH_BYTES = 1 << 20;
  * @param app the Hono app
  * @param deps the jobs and the admin token
  */
-export function prefetchRoutes(app: Hono, deps: { jobs: PrefetchJobs; adminToken: string | undefined }): void {
+export function prefetchRoutes(app: Hono, deps: { jobs: PrefetchJobs; adminToken: string | undefined; requestBodies: RequestBodies }): void {
   app.use("/prefetch", bearerAuth({ token: deps.adminToken, required: true, role: "admin" }));
   app.use("/prefetch/*", bearerAuth({ token: deps.adminToken, required: true, role: "admin" }));
 
@@ -28,12 +28,7 @@ export function prefetchRoutes(app: Hono, deps: { jobs: PrefetchJobs; adminToken
       requestBody: { required: true, content: { "application/json": { schema: { type: "object" } } } },
       responses: { ...ADMIN.responses, 202: { description: "Started; the body is the job's progress" }, ...bodyBound(MAX_PREFETCH_BYTES) },
     }),
-    bodyLimit({
-      maxSize: MAX_PREFETCH_BYTES,
-      onError: () => {
-        throw payloadTooLarge("Prefetch request too large: at most 1 MiB of JSON");
-      },
-    }),
+    deps.requestBodies.limit(MAX_PREFETCH_BYTES, "Prefetch request too large: at most 1 MiB of JSON"),
     async (c) => {
       let body: unknown;
       try {

@@ -1,10 +1,10 @@
 /** @module `POST /v1/telemetry`: trainers report t_wait, t_h2d and t_compute per step; the server keeps them as histograms. */
 
 import type { Hono } from "hono";
-import { bodyLimit } from "hono/body-limit";
-import { badRequest, payloadTooLarge } from "../../errors.ts";
+import { badRequest } from "../../errors.ts";
 import type { Metrics } from "../../metrics/prometheus.ts";
 import { MAX_REPORT_STEPS } from "../../metrics/telemetry-report.ts";
+import type { RequestBodies } from "../middleware/request-bodies.ts";
 import { bodyBound, routeDoc } from "../route-docs.ts";
 
 /** Largest telemetry report body. */
@@ -16,19 +16,14 @@ const MAX_REPORT_BYTES = 2 << 20;
  * @param app the Hono app
  * @param deps the metrics that receive the timings and the known dataset names
  */
-export function telemetryRoutes(app: Hono, deps: { metrics: Metrics; datasets: () => readonly string[] }): void {
+export function telemetryRoutes(app: Hono, deps: { metrics: Metrics; datasets: () => readonly string[]; requestBodies: RequestBodies }): void {
   app.post(
     "/v1/telemetry",
     routeDoc("datasets", "Report per-step t_wait, t_h2d and t_compute of a consumer (the SDK does this)", {
       requestBody: { required: true, content: { "application/json": { schema: { type: "object" } } } },
       responses: { 204: { description: "Recorded" }, ...bodyBound(MAX_REPORT_BYTES) },
     }),
-    bodyLimit({
-      maxSize: MAX_REPORT_BYTES,
-      onError: () => {
-        throw payloadTooLarge("Telemetry report too large: at most 2 MiB of JSON; report more often");
-      },
-    }),
+    deps.requestBodies.limit(MAX_REPORT_BYTES, "Telemetry report too large: at most 2 MiB of JSON; report more often"),
     async (c) => {
       let body: unknown;
       try {
