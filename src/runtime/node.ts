@@ -15,6 +15,7 @@ import { loadNodePieceCopier } from "./native-gather-node.ts";
 import { loadNodeFlock, loadNodeMapping, loadNodePeerCredentials } from "./libc-node.ts";
 import type { LockFile } from "../cache/disk-tier.ts";
 import { withFd } from "./socket-fd.ts";
+import { NOT_IN_HOST } from "../http/middleware/reject-bad-host.ts";
 
 /**
  * Serves `fetch` on Node. Cleartext: one port speaks HTTP/1.1 and HTTP/2 with prior knowledge
@@ -36,9 +37,10 @@ export function listenNode(
   limits: ListenLimits = {},
 ): Promise<Listener> {
   const idleMs = limits.idleMs ?? IDLE_CONNECTION_MS;
-  const serve = getRequestListener(fetch as Parameters<typeof getRequestListener>[0]);
+  const serve = getRequestListener(fetch as Parameters<typeof getRequestListener>[0], { errorHandler: requestErrorAnswer });
   const listener = (req: http.IncomingMessage | http2.Http2ServerRequest, res: http.ServerResponse | http2.Http2ServerResponse) => {
     if (req.httpVersionMajor === 1) closeWhenUnread(res as http.ServerResponse, idleMs); // HTTP/2: `closeWhenStalled`
+    normalizeHost(req);
     return serve(req as http.IncomingMessage, res as http.ServerResponse);
   };
   const h2Options = {
@@ -259,6 +261,37 @@ function closeWhenIdle(s: Http2Session, idleMs: number): void {
     });
   });
   s.once("close", () => clearTimeout(timer));
+}
+
+/**
+ * Writes a valid Host (or `:authority`) in the form URLs give it: @hono/node-server refuses
+ * (400, no body) any whose host name a URL writes differently — `LOCALHOST`, `127.000.000.001`,
+ * an IDN — which Deno serves. One that is more than a host and a port is left for
+ * `rejectBadHost` to refuse by name.
+ */
+function normalizeHost(req: http.IncomingMessage | http2.Http2ServerRequest): void {
+  const key = req.httpVersionMajor === 2 && req.headers[":authority"] !== undefined ? ":authority" : "host";
+  const host = req.headers[key];
+  if (typeof host !== "string" || NOT_IN_HOST.test(host)) return;
+  try {
+    const normal = new URL(`http://${host}`).host;
+    if (normal !== "" && normal !== host) req.headers[key] = normal;
+  } catch {
+    // Not a host at all: refused below, by name.
+  }
+}
+
+/**
+ * The answer to a request @hono/node-server cannot make a `Request` of (a Host that is no host,
+ * a target it refuses): a 400 whose body says what, as every other refusal's does (it sent an
+ * empty 400).
+ */
+function requestErrorAnswer(e: unknown): Response {
+  const bad = e instanceof Error && e.name === "RequestError";
+  const message = bad
+    ? `${e.message}: the request's Host header or target cannot form a URL (expected a host name or address, an optional port, and a path)`
+    : `Cannot serve the request: ${e instanceof Error ? e.message : String(e)}`;
+  return Response.json({ error: bad ? "BAD_REQUEST" : "INTERNAL", message }, { status: bad ? 400 : 500 });
 }
 
 /**

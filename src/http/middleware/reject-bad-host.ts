@@ -4,7 +4,7 @@ import type { MiddlewareHandler } from "hono";
 import { badRequest } from "../../errors.ts";
 
 /** What a Host header may not contain: a host name or address and a port never do. */
-const NOT_IN_HOST = /[/?#\\@\s]/;
+export const NOT_IN_HOST = /[/?#\\@\s]/;
 
 /**
  * Answers 400 to a request whose Host header holds a path, query, fragment or user part. Deno
