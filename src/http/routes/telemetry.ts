@@ -62,10 +62,16 @@ function parseReport(body: unknown, known: readonly string[]): Report {
   };
   return {
     dataset: b.dataset,
-    steps: b.steps.map((s: Record<string, unknown>, i: number) => ({
-      t_wait: seconds(s?.t_wait, `steps[${i}].t_wait`),
-      t_h2d: seconds(s?.t_h2d, `steps[${i}].t_h2d`),
-      t_compute: seconds(s?.t_compute, `steps[${i}].t_compute`),
-    })),
+    steps: b.steps.map((s: unknown, i: number) => {
+      if (typeof s !== "object" || s === null || Array.isArray(s)) {
+        throw badRequest(`Invalid telemetry "steps[${i}]": expected an object {"step", "t_wait", "t_h2d", "t_compute"}, received ${JSON.stringify(s)}`);
+      }
+      const t = s as Record<string, unknown>;
+      return {
+        t_wait: seconds(t.t_wait, `steps[${i}].t_wait`),
+        t_h2d: seconds(t.t_h2d, `steps[${i}].t_h2d`),
+        t_compute: seconds(t.t_compute, `steps[${i}].t_compute`),
+      };
+    }),
   };
 }
