@@ -311,24 +311,27 @@ function closeWhenStalled(stream: http2.ServerHttp2Stream, idleMs: number): void
   });
 }
 
+/** HTTP/1.1 sockets `closeWhenUnread` watches already. */
+const watched = new WeakSet<net.Socket>();
+
 /**
- * Closes an HTTP/1.1 connection whose client has read nothing of a response for `idleMs` while
- * some of it waits to be sent: it held the connection and the batch's bytes for good. Checked
- * every `idleMs` against the bytes the socket has written.
+ * Closes an HTTP/1.1 connection that has had bytes of a response waiting for `idleMs` while its
+ * client read none of them: it held the connection and the batch's bytes for good. One check per
+ * connection, every `idleMs`, for as long as it is open (keep-alive requests share it). Progress
+ * is what libuv still has to write (`writeQueueSize`) going down: `bytesWritten` counts a
+ * response as written once it is handed over, long before a slow client has read it.
  */
 function closeWhenUnread(res: http.ServerResponse, idleMs: number): void {
   const socket = res.socket;
-  if (!socket) return;
-  // Until the response's bytes have left the socket: a response is "finished" once they are
-  // handed to it, and most of a large one may still wait there for the client.
-  let responded = false;
-  res.once("close", () => (responded = true));
-  let written = -1;
+  if (!socket || watched.has(socket)) return;
+  watched.add(socket);
+  const queued = () => (socket as unknown as { _handle?: { writeQueueSize?: number } })._handle?.writeQueueSize ?? 0;
+  let last = "";
   const timer = setInterval(() => {
-    if (socket.destroyed || (responded && socket.writableLength === 0)) return clearInterval(timer);
-    // bytesWritten counts what waits in the socket too: it stands still while nothing leaves.
-    if (socket.writableLength > 0 && socket.bytesWritten === written) socket.destroy();
-    written = socket.bytesWritten;
+    const waiting = queued() + socket.writableLength;
+    const now = `${queued()}/${socket.bytesWritten}`;
+    if (waiting > 0 && now === last) socket.destroy();
+    last = waiting > 0 ? now : "";
   }, idleMs);
   timer.unref();
   socket.once("close", () => clearInterval(timer));

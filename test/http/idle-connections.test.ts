@@ -238,5 +238,53 @@ describe("Node listener: requests a client has stalled", () => {
     const res = await fetch(`http://127.0.0.1:${port}/slow?delay=${3 * IDLE_MS}`);
     expect(await res.text()).toBe("ok");
   });
+
+  it("keeps an HTTP/1.1 connection whose client reads a large response slowly but steadily", async () => {
+    const size = 16 * 2 ** 20;
+    const got = await new Promise<number>((resolve, reject) => {
+      let bytes = 0;
+      const s = net.connect(port, "127.0.0.1", () => s.write(`GET /big?size=${size} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n`));
+      s.on("error", reject);
+      // About 5 MB/s: each chunk read, then a pause as long as reading it took at that rate.
+      s.on("data", (d: Buffer) => {
+        bytes += d.length;
+        s.pause();
+        setTimeout(() => s.resume(), d.length / 5e3);
+      });
+      s.once("close", () => resolve(bytes));
+    });
+    expect(got).toBeGreaterThan(size); // the whole body and its head: not cut while it was being read
+  });
+
+  it("watches a keep-alive connection once, however many requests it carries (no listener per request)", async () => {
+    const warnings: string[] = [];
+    const onWarning = (w: Error) => warnings.push(`${w.name}: ${w.message}`);
+    process.on("warning", onWarning);
+    try {
+      const answers = await new Promise<number>((resolve, reject) => {
+        // One after another, each once the one before is answered (pipelined ones wait for a socket).
+        const ask = () => s.write("GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+        const s = net.connect(port, "127.0.0.1", ask);
+        let text = "";
+        let n = 0;
+        s.on("data", (d: Buffer) => {
+          text += d.toString("latin1");
+          while (text.includes("\r\n\r\nok")) {
+            text = text.slice(text.indexOf("\r\n\r\nok") + 6);
+            if (++n === 50) {
+              s.destroy();
+              resolve(n);
+            } else ask();
+          }
+        });
+        s.on("error", reject);
+      });
+      expect(answers).toBe(50);
+      await new Promise((r) => setTimeout(r, 50)); // warnings are emitted on a later tick
+    } finally {
+      process.off("warning", onWarning);
+    }
+    expect(warnings.filter((w) => /listener/i.test(w))).toEqual([]);
+  });
 });
 

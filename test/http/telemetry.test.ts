@@ -16,7 +16,7 @@ afterAll(async () => {
   await ws.remove();
 });
 
-const report = (steps: unknown[]) =>
+const report = (steps: readonly unknown[]) =>
   fetch(`${rf.url}/v1/telemetry`, {
     method: "POST",
     headers: { "content-type": "application/json" },
@@ -27,7 +27,7 @@ describe("POST /v1/telemetry", () => {
   it("refuses a report whose steps are not objects with a 400 naming the entry, and records nothing of it", async () => {
     const before = await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" });
     for (const [steps, i] of [[[{ step: 0, t_wait: 0.1 }, null, 5], 1], [[5], 0], [["x"], 0], [[[1]], 0]] as const) {
-      const res = await report(steps as unknown[]);
+      const res = await report(steps);
       expect(res.status, JSON.stringify(steps)).toBe(400);
       expect((await res.json()).message).toMatch(new RegExp(`Invalid telemetry "steps\\[${i}\\]": expected an object`));
     }
