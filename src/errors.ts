@@ -6,6 +6,7 @@ const BRAND = Symbol.for("rackfeed.error");
 export type ErrorCode =
   | "BAD_REQUEST"
   | "PAYLOAD_TOO_LARGE"
+  | "REQUEST_TIMEOUT"
   | "UNAUTHORIZED"
   | "FORBIDDEN"
   | "NOT_FOUND"

@@ -8,6 +8,8 @@ import { type ErrorCode, isCacheServerError } from "../errors.ts";
 export const STATUS_OF: Readonly<Record<ErrorCode, ContentfulStatusCode>> = {
   BAD_REQUEST: 400,
   PAYLOAD_TOO_LARGE: 413,
+  // A request body that did not arrive in time (its client stalled or trickled it).
+  REQUEST_TIMEOUT: 408,
   UNAUTHORIZED: 401,
   FORBIDDEN: 403,
   NOT_FOUND: 404,

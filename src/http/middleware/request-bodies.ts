@@ -2,20 +2,26 @@
  * @module What request bodies (telemetry reports, dataset registrations, prefetch jobs) may hold
  * while they are being received, all requests together: each route bounds its own body, and
  * this bounds how many are read at once (200 streams each sending a 2 MB report and never
- * ending took +2.3 GB on Node and +3.4 GB on Deno).
+ * ending took +2.3 GB on Node and +3.4 GB on Deno), and how long one may take to arrive.
  */
 
 import type { Context, MiddlewareHandler, Next } from "hono";
-import { bodyLimit } from "hono/body-limit";
-import { OverloadedError, payloadTooLarge } from "../../errors.ts";
+import { CacheServerError, OverloadedError, payloadTooLarge } from "../../errors.ts";
+
+/** How long a request body may take to arrive, whole (ms): 2 MiB in 30 s is 70 KB/s. */
+export const BODY_RECEIVE_MS = 30_000;
 
 /** The server's budget for request bodies being received; `limit` makes each route's middleware. */
 export class RequestBodies {
   #used = 0;
 
-  /** @param budgetBytes bytes of bodies received at once (`--request-body-bytes`) */
-  constructor(readonly budgetBytes: number) {
+  /**
+   * @param budgetBytes bytes of bodies received at once (`--request-body-bytes`)
+   * @param receiveMs how long one body may take to arrive, whole
+   */
+  constructor(readonly budgetBytes: number, readonly receiveMs = BODY_RECEIVE_MS) {
     if (!Number.isSafeInteger(budgetBytes) || budgetBytes < 1) throw new RangeError(`budgetBytes must be a positive integer, got ${budgetBytes}`);
+    if (!(receiveMs > 0 && receiveMs < 2 ** 31)) throw new RangeError(`receiveMs must be a positive number of ms below 2^31, got ${receiveMs}`);
   }
 
   /** Bytes of the budget held by bodies being received now. */
@@ -24,30 +30,65 @@ export class RequestBodies {
   }
 
   /**
-   * A route's body: at most `maxBytes` (413 with `tooLarge` over it), received while the budget
-   * has room for it (503 with Retry-After meanwhile). A body is counted at its Content-Length,
-   * or at `maxBytes` when it has none, from before it is read until its handler has finished.
+   * A route's body, received here before its handler runs (which reads it with `c.req.json()`
+   * or `c.req.text()` as usual): at most `maxBytes` (413 with `tooLarge` over it), whole within
+   * `receiveMs` (408; a stalled client held its share of the budget for as long as it kept its
+   * connection, and Deno never closes one), and only while the budget has room for it (503 with
+   * Retry-After meanwhile). A body is counted at its Content-Length, or at `maxBytes` when it has
+   * none, until its handler has finished.
    */
   limit(maxBytes: number, tooLarge: string): MiddlewareHandler {
-    const bounded = bodyLimit({
-      maxSize: maxBytes,
-      onError: () => {
-        throw payloadTooLarge(tooLarge);
-      },
-    });
     return async (c: Context, next: Next) => {
       const declared = Number(c.req.header("content-length"));
-      const bytes = Number.isSafeInteger(declared) && declared >= 0 ? Math.min(declared, maxBytes) : maxBytes;
+      if (Number.isSafeInteger(declared) && declared > maxBytes) throw payloadTooLarge(tooLarge);
+      const bytes = Number.isSafeInteger(declared) && declared >= 0 ? declared : maxBytes;
       // One body always fits, however small the budget: the route's own bound holds it.
       if (this.#used > 0 && this.#used + bytes > this.budgetBytes) {
         throw new OverloadedError(`Too many request bodies being received at once (${this.#used} of --request-body-bytes ${this.budgetBytes}); retry shortly`);
       }
       this.#used += bytes;
       try {
-        await bounded(c, next);
+        const text = await receive(c.req.raw, maxBytes, tooLarge, this.receiveMs);
+        // Hono's own cache of the body: `c.req.json()` and `c.req.text()` read it from here.
+        (c.req.bodyCache as Record<string, unknown>).text = Promise.resolve(text);
+        await next();
       } finally {
         this.#used -= bytes;
       }
     };
   }
+}
+
+/** A request's body as text, refused (413) past `maxBytes` and (408) when not whole in `ms`. */
+async function receive(req: Request, maxBytes: number, tooLarge: string, ms: number): Promise<string> {
+  if (req.body === null) return "";
+  const reader = req.body.getReader();
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new CacheServerError("REQUEST_TIMEOUT", `The request body did not arrive whole within ${ms / 1000} s; send it at once`)), ms);
+  });
+  const chunks: Uint8Array[] = [];
+  let length = 0;
+  try {
+    for (;;) {
+      const { done, value } = await Promise.race([reader.read(), late]);
+      if (done) break;
+      length += value.length;
+      if (length > maxBytes) throw payloadTooLarge(tooLarge);
+      chunks.push(value);
+    }
+  } catch (e) {
+    // Stop reading: the runtime drops what else comes (and Node's stream ends the request).
+    reader.cancel().catch(() => {});
+    throw e;
+  } finally {
+    clearTimeout(timer);
+  }
+  const whole = new Uint8Array(length);
+  let at = 0;
+  for (const c of chunks) {
+    whole.set(c, at);
+    at += c.length;
+  }
+  return new TextDecoder().decode(whole);
 }
