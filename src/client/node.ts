@@ -90,8 +90,15 @@ const unmapWhenCollected = new FinalizationRegistry<() => void>((unmap) => unmap
  * only its pages released (zeros, no memory used; the address range stays reserved)
  */
 export function mappedRing(m: MappedFile, opts: { unmap?: boolean } = {}): RingReader {
-  unmapWhenCollected.register(m.bytes.buffer, opts.unmap === false ? () => m.release() : m.unmap);
-  return { mapped: m.bytes, read: (offset, into) => into.set(m.bytes.subarray(offset, offset + into.length)), close: () => m.release() };
+  // The callback must not reach the buffer it watches (through `m`, which holds its view): it
+  // would then never be collected, and the callback never run.
+  unmapWhenCollected.register(m.bytes.buffer, opts.unmap === false ? m.release : m.unmap);
+  return {
+    mapped: m.bytes,
+    read: (offset, into) => into.set(m.bytes.subarray(offset, offset + into.length)),
+    slot: m.viewAt,
+    close: () => m.release(),
+  };
 }
 
 /**

@@ -39,6 +39,11 @@ export interface RingReader {
   readonly mapped: Uint8Array | undefined;
   /** Copies `into.length` bytes at `offset` into `into` (slot headers; whole batches without a mapping). */
   read(offset: number, into: Uint8Array): void;
+  /**
+   * A view of a slot over an ArrayBuffer of its own (Deno), so that a caller who transfers a
+   * batch's buffer detaches that slot's view only, not the ring's headers.
+   */
+  slot?(offset: number, bytes: number): Uint8Array;
   close(): void;
 }
 
@@ -185,6 +190,8 @@ export async function* shmBatches(
       return decodeSlotHeader(headerView);
     };
     const copy = ring.mapped ? undefined : new Uint8Array(layout.slotBytes);
+    // Each slot's own buffer where the runtime gives one, made again once a caller moved it away.
+    const slotViews: (Uint8Array | undefined)[] = [];
     // Releases go out a group at a time (and whenever we are about to block), not one write per batch.
     const group = Math.max(1, layout.slots >> 2);
     const outbox = new FrameOutbox(64 * (group + 1));
@@ -231,7 +238,11 @@ export async function* shmBatches(
       }
       const at = layout.dataOffset + slot * layout.slotBytes;
       let bytes: Uint8Array;
-      if (ring.mapped) bytes = ring.mapped.subarray(at, at + h.length);
+      if (ring.mapped && ring.slot) {
+        let view = slotViews[slot];
+        if (view === undefined || view.buffer.byteLength === 0) slotViews[slot] = view = ring.slot(at, layout.slotBytes);
+        bytes = view.subarray(0, h.length);
+      } else if (ring.mapped) bytes = ring.mapped.subarray(at, at + h.length);
       else {
         bytes = copy!.subarray(0, h.length);
         ring.read(at, bytes);

@@ -14,6 +14,11 @@ export interface MappedFile {
    * of when the garbage collector finally drops the view.
    */
   release(): void;
+  /**
+   * A view of `bytes` at `offset` over an ArrayBuffer of its own, over the same memory (Deno):
+   * a caller may transfer it without detaching the mapping's other views.
+   */
+  readonly viewAt?: (offset: number, bytes: number) => Uint8Array;
 }
 
 /** Pages may be read (`mmap` protection, Linux). */
@@ -30,11 +35,12 @@ export const MAP_ZERO_OVER = 0x02 | 0x10 | 0x20;
  *
  * @param zeroOver maps anonymous zero pages over the range; returns false when that failed
  */
-export function mappedView(view: Uint8Array, munmap: () => void, zeroOver: () => boolean): MappedFile {
+export function mappedView(view: Uint8Array, munmap: () => void, zeroOver: () => boolean, viewAt?: MappedFile["viewAt"]): MappedFile {
   let mapped = true;
   let released = false;
   return {
     bytes: view,
+    viewAt,
     unmap() {
       if (!mapped) return;
       mapped = false;

@@ -58,6 +58,10 @@ export function mapFileDeno(path: string, bytes: number, writable: boolean): Map
     new Uint8Array(Deno.UnsafePointerView.getArrayBuffer(ptr, bytes)),
     () => c.munmap(ptr, BigInt(bytes)),
     () => Deno.UnsafePointer.equals(c.mmap(ptr, BigInt(bytes), PROT_READ, MAP_ZERO_OVER, -1, 0n), ptr),
+    (offset, length) => {
+      if (!(offset >= 0 && length >= 0 && offset + length <= bytes)) throw new RangeError(`A view of ${length} bytes at ${offset} is outside a mapping of ${bytes}`);
+      return new Uint8Array(Deno.UnsafePointerView.getArrayBuffer(ptr!, length, offset));
+    },
   );
 }
 
