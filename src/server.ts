@@ -8,7 +8,7 @@ import { DatasetCatalog } from "./batch/dataset-catalog.ts";
 import { ReadAhead } from "./batch/read-ahead.ts";
 import { PrefetchJobs } from "./prefetch/prefetch-jobs.ts";
 import { BlockCache } from "./cache/block-cache.ts";
-import { DiskTier, type LockFile } from "./cache/disk-tier.ts";
+import { DiskTier, type DiskTierOptions, type LockFile } from "./cache/disk-tier.ts";
 import { MemoryTier } from "./cache/memory-tier.ts";
 import type { Config } from "./config/load.ts";
 import { ServedBytes } from "./http/served-bytes.ts";
@@ -77,6 +77,8 @@ export interface ServerEnv {
   readonly isAlive?: (pid: number) => boolean;
   /** Takes the cache directory's lock from the kernel (`flock`); without it the lock goes by pid. */
   readonly lockFile?: LockFile;
+  /** Reads the size of the cache's file system (`statfs`); default node:fs's. */
+  readonly fileSystem?: DiskTierOptions["fileSystem"];
   /** Maps a file shared and writable; without it the shm path writes rings with pwrite (one more copy). */
   readonly mapFile?: MapFile;
   /** The native gather (`native/gather.c`), where the runtime loads it; used unless `--native-gather off`. */
@@ -152,6 +154,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     onError: (m, e) => env.log(m, e),
     now: env.now,
     owner: env.pid !== undefined && env.isAlive ? { pid: env.pid, isAlive: env.isAlive, lockFile: env.lockFile } : undefined,
+    fileSystem: env.fileSystem,
   }).catch(async (e) => {
     await closeOrigins();
     throw new CacheDirStartupError(`Invalid --cache-dir ${config.cacheDir}: ${(e as Error).message}`, { cause: e });

@@ -54,6 +54,18 @@ export interface DiskTierOptions {
    * directory locked by another live process is refused.
    */
   readonly owner?: { readonly pid: number; readonly isAlive: (pid: number) => boolean; readonly lockFile?: LockFile };
+  /**
+   * The size of the file system holding the directory (`statfs`), or undefined where it cannot
+   * be read (Deno without --allow-sys: its host answers undefined rather than prompt). Default: node:fs's.
+   */
+  readonly fileSystem?: (dir: string) => Promise<FileSystemSize | undefined>;
+}
+
+/** What `DiskTier` reads of `statfs`: blocks, their size, and those free to unprivileged users. */
+export interface FileSystemSize {
+  readonly blocks: number;
+  readonly bsize: number;
+  readonly bavail: number;
 }
 
 /** An exclusive advisory lock on an open file (`flock`), which the kernel drops when its process ends, however it ends. */
@@ -182,6 +194,7 @@ export class DiskTier {
   #fitCheckedAt = -Infinity;
   #recheckTimer: ReturnType<typeof setInterval> | undefined;
   readonly #recheckMs: number;
+  readonly #fileSystem: ((dir: string) => Promise<FileSystemSize | undefined>) | undefined;
   /** When a write error was last reported, and how many went unreported since. */
   #errorReportedAt = -Infinity;
   #errorsUnreported = 0;
@@ -205,6 +218,7 @@ export class DiskTier {
     this.#onError = opts.onError ?? (() => {});
     this.#now = opts.now ?? (() => performance.now());
     this.#recheckMs = opts.recheckMs ?? RECHECK_MS;
+    this.#fileSystem = opts.fileSystem;
   }
 
   /**
@@ -627,7 +641,7 @@ export class DiskTier {
     // Only routine checks set the clock of the next one: full disks seen more often than that
     // must not postpone it for ever (it is what gives the headroom back to others).
     if (!full) this.#fitCheckedAt = this.#now();
-    const fs = await statfs(this.#dir).catch(() => undefined);
+    const fs = await (this.#fileSystem ?? statfs)(this.#dir).catch(() => undefined);
     let room: number;
     if (fs) {
       const headroom = Math.min(HEADROOM_MAX, Math.floor(fs.blocks * fs.bsize * 0.02));

@@ -38,6 +38,8 @@ export interface CliHost {
   readonly memoryLimit?: () => Promise<MemoryLimit | undefined>;
   /** See `ServerEnv.lockFile`: the cache directory's lock from the kernel. */
   readonly lockFile?: ServerEnv["lockFile"];
+  /** See `ServerEnv.fileSystem`: the size of the cache's file system. */
+  readonly fileSystem?: ServerEnv["fileSystem"];
   /** Maps a file shared and writable (FFI / koffi); without it rings are written with pwrite. */
   readonly mapFile?: (path: string, bytes: number) => { readonly bytes: Uint8Array; unmap(): void };
   /** See `ServerEnv.copier`: the native gather, where the runtime loads it. */
@@ -149,6 +151,7 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       pid: host.pid,
       isAlive: host.isAlive,
       lockFile: host.lockFile,
+      fileSystem: host.fileSystem,
       mapFile: host.mapFile,
       copier,
       peers: host.peers,
@@ -175,6 +178,13 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   try {
     listener = await host.listen(server.fetch, config.listen, config.tls, { queuedBytes: config.batchInflightBytes });
   } catch (e) {
+    // Deno checks a certificate and key only when it listens (Node at start-up, exit 2): a key
+    // that is not the certificate's is bad configuration there too, not a port to change.
+    if (config.tls && /\b(key|cert|certificate|pem)/i.test(describe(e)) && !/EADDRINUSE|EACCES|EADDRNOTAVAIL/.test(describe(e))) {
+      host.printError(`rackfeed: Invalid --tls-cert/--tls-key: ${describe(e)}`);
+      await server.close();
+      return 2;
+    }
     host.printError(`rackfeed: cannot listen on ${config.listen.hostname}:${config.listen.port}: ${describe(e)}; pass --listen HOST:PORT (port 0 picks a free one)`);
     await server.close();
     return 1;

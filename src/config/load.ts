@@ -278,6 +278,9 @@ export function loadConfig(src: ConfigSources): Config {
         throw new ConfigError(`Invalid ${flag}: cannot read ${path}: ${(e as Error).message}`, { cause: e });
       }
       if (!pem.includes("-----BEGIN")) throw new ConfigError(`Invalid ${flag}: ${path} is not a PEM file`);
+      // Checked here for Deno too, whose createSecureContext checks nothing.
+      const block = flag === "--tls-cert" ? /-----BEGIN CERTIFICATE-----/ : /-----BEGIN [A-Z ]*PRIVATE KEY-----/;
+      if (!block.test(pem)) throw new ConfigError(`Invalid ${flag}: ${path} holds no ${flag === "--tls-cert" ? "certificate" : "private key"} (expected a PEM "${flag === "--tls-cert" ? "CERTIFICATE" : "PRIVATE KEY"}" block)`);
       return pem;
     };
     tls = Object.freeze({ cert: read("--tls-cert", values.tlsCert as string), key: read("--tls-key", values.tlsKey as string) });

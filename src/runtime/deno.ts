@@ -1,6 +1,7 @@
 /** @module Deno adapter: HTTP via Deno.serve, arguments, environment and signals. */
 
 import nodeProcess from "node:process";
+import { statfs } from "node:fs/promises";
 import type { LockFile } from "../cache/disk-tier.ts";
 import type { CliHost } from "../cli/run-cli.ts";
 import type { FetchPool } from "../origin/s3-origin.ts";
@@ -186,7 +187,16 @@ export function denoHost(): CliHost {
     pid: Deno.pid,
     isAlive,
     lockFile: lockFileDeno,
-    memoryLimit: () => hostMemoryLimit(),
+    // statfs needs --allow-sys: asked without it, Deno prompts on a terminal (start-up hung).
+    // Without it the disk budget is not fitted to the file system's room.
+    fileSystem: (dir) =>
+      Deno.permissions.querySync({ name: "sys", kind: "statfs" as Deno.SysPermissionDescriptor["kind"] }).state === "granted"
+        ? statfs(dir)
+        : Promise.resolve(undefined),
+    // Physical memory needs --allow-sys: asked without it, Deno prompts on a terminal (start-up
+    // hung). Without it, cgroup limits alone are read.
+    memoryLimit: () =>
+      hostMemoryLimit(Deno.permissions.querySync({ name: "sys", kind: "systemMemoryInfo" }).state === "granted" ? {} : { totalmem: () => NaN }),
     buildOffThread: workerIndexBuilder("deno"),
     // Deno's node:http client left sockets of aborted S3 requests open (fds grew under origin
     // faults, bench/RESULTS.md "S3 origin soak"); its own fetch closes them.
@@ -258,8 +268,11 @@ export const lockFileDeno: LockFile = async (path) => {
   }
 };
 
-/** Whether a process id is running (signal 0 probes without signalling). */
+/** Whether a process id is running (signal 0 probes without signalling); true where Deno may not tell (no --allow-run). */
 export function isAlive(pid: number): boolean {
+  // Asked without the permission, Deno prompts on a terminal and holds the event loop (with
+  // --no-prompt it throws): a process we cannot probe is taken as alive, whose files are kept.
+  if (Deno.permissions.querySync({ name: "run" }).state !== "granted") return true;
   try {
     Deno.kill(pid, 0 as unknown as Deno.Signal);
     return true;

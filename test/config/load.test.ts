@@ -164,6 +164,9 @@ describe("loadConfig TLS", () => {
       expect(mismatch.message).toMatch(/Invalid --tls-cert\/--tls-key \(a-cert\.pem, b-key\.pem\): .*mismatch/);
       const junk = errorOf(() => load(["--tls-cert", "junk.pem", "--tls-key", "a-key.pem"], {}, files));
       expect(junk.message).toMatch(/Invalid --tls-cert\/--tls-key \(junk\.pem, a-key\.pem\)/);
+      // Swapped files: refused by their PEM blocks, which Deno's runtime checks too (it checks no key at start-up).
+      expect(errorOf(() => load(["--tls-cert", "a-cert.pem", "--tls-key", "a-cert.pem"], {}, files)).message).toMatch(/Invalid --tls-key: .*a-cert\.pem holds no private key/);
+      expect(errorOf(() => load(["--tls-cert", "a-key.pem", "--tls-key", "a-key.pem"], {}, files)).message).toMatch(/Invalid --tls-cert: .*a-key\.pem holds no certificate/);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -1,4 +1,5 @@
 import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, writeFileSync } from "node:fs";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { expectSameBytes, makeWorkspace, rawGet, patternBytes, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { type ChildServer, DENO, ROOT, startChild } from "../helpers/spawn.ts";
@@ -105,4 +106,41 @@ describe("the Deno entry with the Docker image's permissions (no -A)", () => {
       spawnSync("pkill", ["-f", `${ws.dir}/c-tty`]);
     }
   }, 120_000);
+
+  it("starts from a terminal without --allow-sys or --allow-run, beside a dead server's unlocked ring, without stopping at a prompt", async () => {
+    // Physical memory (--allow-sys) and the probe of a ring's pid (--allow-run) each prompted.
+    const shm = `${ws.dir}/shm-noperm`;
+    mkdirSync(shm, { recursive: true });
+    writeFileSync(`${shm}/rackfeed-ring-999999-deadbeef-1.ring`, new Uint8Array(4096));
+    const serve = [
+      DENO, "run", "--allow-net", "--allow-read", "--allow-write", "--allow-env", "--allow-ffi", `${ROOT}src/main.ts`, "serve",
+      "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`, "--cache-dir", `${ws.dir}/c-noperm`, "--shm-dir", shm,
+    ].join(" ");
+    const child = spawn("script", ["-qec", serve, "/dev/null"], { stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    child.stdout.on("data", (d) => (out += String(d)));
+    try {
+      await waitFor(() => /Batch copies/.test(out) || /Allow\?/.test(out), "the server's banner, or a prompt", 60_000);
+      expect(out).not.toMatch(/Allow\?/);
+      // Whose ring it is cannot be told without --allow-run: it is kept, not taken for a dead server's.
+      expect(existsSync(`${shm}/rackfeed-ring-999999-deadbeef-1.ring`)).toBe(true);
+    } finally {
+      child.kill("SIGKILL");
+      spawnSync("pkill", ["-f", `${ws.dir}/c-noperm`]);
+    }
+  }, 120_000);
+
+  it("refuses at start-up, with exit 2 and both flags named, a TLS key that is not the certificate's", async () => {
+    const { runToExit } = await import("../helpers/spawn.ts");
+    const { selfSignedCert } = await import("../helpers/tls.ts");
+    const a = selfSignedCert(ws.dir, "deno-a");
+    const b = selfSignedCert(ws.dir, "deno-b");
+    const { code, out } = await runToExit(DENO, [
+      "run", "-A", `${ROOT}src/main.ts`, "serve", "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`,
+      "--cache-dir", `${ws.dir}/c-tls-bad`, "--shm-dir", "off", "--tls-cert", a.cert, "--tls-key", b.key,
+    ]);
+    expect(code, out).toBe(2);
+    expect(out).toMatch(/Invalid --tls-cert\/--tls-key/);
+  }, 120_000);
 });
+
