@@ -15,7 +15,7 @@ import { ServedBytes } from "./http/served-bytes.ts";
 import { type MetricSources, Metrics } from "./metrics/prometheus.ts";
 import { buildStatus } from "./metrics/status.ts";
 import { checkFsRoot, FsOrigin } from "./origin/fs-origin.ts";
-import { type FetchPool, type S3Http, S3Origin } from "./origin/s3-origin.ts";
+import type { FetchPool, S3Http } from "./origin/s3-origin.ts";
 import { OriginGateway } from "./origin/origin-gateway.ts";
 import type { Origin } from "./origin/origin.ts";
 import type { IndexBuilder } from "./runtime/index-builder.ts";
@@ -94,7 +94,7 @@ export interface ServerEnv {
   /** How long a shm connection may go without asking for a consumer (default 30 s; tests shorten it). */
   readonly shmOpenTimeoutMs?: number;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
-  readonly makeOrigin?: (spec: Config["origins"][number]) => Origin;
+  readonly makeOrigin?: (spec: Config["origins"][number]) => Origin | Promise<Origin>;
   /** The HTTP client S3 origins use under `--s3-http auto` on this runtime (default `node`). */
   readonly s3HttpAuto?: S3Http;
   /** Makes an S3 origin's own fetch connection pool, where the runtime can (see `FetchPool`). */
@@ -127,7 +127,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
   for (const spec of config.origins) {
     origins.set(
       spec.name,
-      new OriginGateway(makeOrigin(spec), {
+      new OriginGateway(await makeOrigin(spec), {
         concurrency: config.originConcurrency,
         maxConcurrency: config.originConcurrencyMax,
         targetBytesPerSecond: config.originTargetBandwidth,
@@ -397,12 +397,15 @@ export class DatasetStartupError extends Error {
  * @param runtime what the runtime brings to S3 origins: its client under `--s3-http auto` (default `node`), its fetch pools
  * @returns the origin
  */
-export function defaultOrigin(
+export async function defaultOrigin(
   spec: Config["origins"][number],
   config: Config,
   runtime: Pick<ServerEnv, "s3HttpAuto" | "s3FetchPool"> = {},
-): Origin {
+): Promise<Origin> {
   if (spec.kind === "fs") return new FsOrigin({ name: spec.name, root: spec.root, timeoutMs: config.originTimeout });
+  // Loaded only for an S3 origin: the AWS SDK costs start-up time and, on Deno, reads environment
+  // variables as it loads (without --allow-env even `--help` failed).
+  const { S3Origin } = await import("./origin/s3-origin.ts");
   return new S3Origin({
     name: spec.name,
     bucket: spec.bucket,

@@ -87,14 +87,14 @@ describe("--s3-http", () => {
     expect(errorOf(() => load(["--s3-http", "curl"])).message).toMatch(/--s3-http.*curl/);
   });
 
-  it("gives S3 origins the runtime's client under auto, and the one named otherwise", () => {
+  it("gives S3 origins the runtime's client under auto, and the one named otherwise", async () => {
     const spec = (c: ReturnType<typeof load>) => c.origins[0];
     const auto = load(["--origin", "a=s3://bucket/p"]);
-    expect((defaultOrigin(spec(auto), auto) as S3Origin).http).toBe("node");
-    expect((defaultOrigin(spec(auto), auto, { s3HttpAuto: "fetch" }) as S3Origin).http).toBe("fetch");
+    expect(((await defaultOrigin(spec(auto), auto)) as S3Origin).http).toBe("node");
+    expect(((await defaultOrigin(spec(auto), auto, { s3HttpAuto: "fetch" })) as S3Origin).http).toBe("fetch");
     const node = load(["--origin", "a=s3://bucket/p", "--s3-http", "node"]);
-    expect((defaultOrigin(spec(node), node, { s3HttpAuto: "fetch" }) as S3Origin).http).toBe("node");
+    expect(((await defaultOrigin(spec(node), node, { s3HttpAuto: "fetch" })) as S3Origin).http).toBe("node");
     const fetch = load(["--origin", "a=s3://bucket/p", "--s3-http", "fetch"]);
-    expect((defaultOrigin(spec(fetch), fetch, { s3HttpAuto: "node" }) as S3Origin).http).toBe("fetch");
+    expect(((await defaultOrigin(spec(fetch), fetch, { s3HttpAuto: "node" })) as S3Origin).http).toBe("fetch");
   });
 });
