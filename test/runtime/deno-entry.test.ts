@@ -142,5 +142,54 @@ describe("the Deno entry with the Docker image's permissions (no -A)", () => {
     expect(code, out).toBe(2);
     expect(out).toMatch(/Invalid --tls-cert\/--tls-key/);
   }, 120_000);
+
+  it("sends every HTTP/2 batch's own bytes under mixed load (Deno reported bodies complete before sending them, and a reused body carried another batch)", async () => {
+    const { selfSignedCert } = await import("../helpers/tls.ts");
+    const { http2Fetch } = await import("../../src/client/node.ts");
+    const { readFileSync } = await import("node:fs");
+    const https = await import("node:https");
+    const tls = selfSignedCert(ws.dir, "deno-mix");
+    const ca = readFileSync(tls.cert, "utf8");
+    const child = await startChild(DENO, [
+      "run", "-A", `${ROOT}src/main.ts`, "demo", "--listen", "127.0.0.1:0", "--shm-dir", "off",
+      "--cache-dir", `${ws.dir}/c-mix`, "--tls-cert", tls.cert, "--tls-key", tls.key,
+    ]);
+    try {
+      const agent = new https.Agent({ keepAlive: true, maxSockets: 4, ca });
+      const get = (path: string, headers: Record<string, string> = {}) =>
+        new Promise<Buffer>((resolve, reject) =>
+          https.get(`${child.url}${path}`, { ca, agent, headers }, (r) => {
+            const parts: Buffer[] = [];
+            r.on("data", (d: Buffer) => parts.push(d));
+            r.on("end", () => resolve(Buffer.concat(parts)));
+          }).on("error", reject));
+      const reference = await get("/v1/datasets/demo/samples?start=0&count=2000");
+      const sample = reference.length / 2000;
+      const h2 = http2Fetch({ ca });
+      const until = performance.now() + 8000;
+      let batches = 0;
+      const bad: string[] = [];
+      // Batches over HTTP/2 (4 in flight) while HTTP/1.1 keep-alive clients read object ranges.
+      const h2worker = async (w: number) => {
+        for (let i = 0; performance.now() < until; i++) {
+          const rank = w % 2;
+          const step = (i * 4 + w) % 500;
+          const body = new Uint8Array(await (await h2(`${child.url}/v1/datasets/demo/batches/${step}?rank=${rank}&world=2&micro_batch=2`)).arrayBuffer());
+          const first = (step * 2 + rank) * 2;
+          batches++;
+          if (Buffer.compare(body, reference.subarray(first * sample, (first + 2) * sample)) !== 0) bad.push(`step ${step} rank ${rank}`);
+        }
+      };
+      const h1worker = async () => {
+        for (let i = 0; performance.now() < until; i++) await get("/v1/objects/demo/shards/shard-00000.bin", { range: `bytes=${(i * 7919 * 64) % (16 << 20)}-${(i * 7919 * 64) % (16 << 20) + 262_143}` }).catch(() => undefined);
+      };
+      await Promise.all([0, 1, 2, 3].map(h2worker).concat([h1worker(), h1worker()]));
+      agent.destroy();
+      expect(batches).toBeGreaterThan(200);
+      expect(bad).toEqual([]);
+    } finally {
+      await child.stop();
+    }
+  }, 120_000);
 });
 

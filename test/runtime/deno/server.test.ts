@@ -146,7 +146,7 @@ Deno.test("the client SDK reads objects and iterates batches on Deno", async () 
   });
 });
 
-Deno.test("reuses HTTP batch bodies once Deno has completed their responses; concurrent slow and fast readers get exact bytes", async () => {
+Deno.test("holds HTTP batch bodies in flight until Deno has completed their responses and never reuses one; concurrent slow and fast readers get exact bytes", async () => {
   const { syntheticDataset } = await import("../../helpers/token-data.ts");
   const { idx, bin } = syntheticDataset(300, 500, 6000, 9);
   const ADMIN = "deno-admin-token";
@@ -224,8 +224,9 @@ Deno.test("reuses HTTP batch bodies once Deno has completed their responses; con
         }
       }
     }
-    await waitUntil(async () => (await gauge("rackfeed_batch_body_pool_bytes")) > 0, "the body back in the pool once read");
-    assert.equal(await gauge("rackfeed_batch_inflight_bytes"), 0);
+    await waitUntil(async () => (await gauge("rackfeed_batch_inflight_bytes")) === 0, "the body out of flight once read");
+    // Not back in the pool: over HTTP/2, Deno may still send a body it reports complete.
+    assert.equal(await gauge("rackfeed_batch_body_pool_bytes"), 0);
     assert.equal(await gauge("rackfeed_batch_abandoned_total"), 1, "the leaver's batch was assembled although its client had left");
   }, { whenDone: whenDoneDeno, clientGone: clientGoneDeno, wrapBody: denoBody });
   await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
@@ -253,7 +254,7 @@ Deno.test("reuses HTTP batch bodies once Deno has completed their responses; con
     }
     const metrics = await (await fetch(`${url}/metrics`)).text();
     const reused = Number(/rackfeed_batch_bodies_total\{source="pool"\} (\d+)/.exec(metrics)?.[1] ?? 0);
-    assert.ok(reused > 30, `bodies reused: ${reused}`);
+    assert.equal(reused, 0, `bodies reused: ${reused}`);
   }, { whenDone: whenDoneDeno, wrapBody: denoBody });
 });
 
