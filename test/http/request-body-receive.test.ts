@@ -64,6 +64,25 @@ describe("RequestBodies", () => {
     expect(bodies.usedBytes).toBe(0);
   });
 
+  it("answers 400 to a body whose stream breaks (its client left mid-body), logs no server error, and frees its share", async () => {
+    const bodies = new RequestBodies(10_000);
+    const logged: string[] = [];
+    const app = new Hono();
+    app.onError(errorHandler((m) => logged.push(m)));
+    app.post("/r", bodies.limit(1000, "Too large"), async (c) => c.json({ got: await c.req.json() }));
+    const broken = new ReadableStream<Uint8Array>({
+      start(c) {
+        c.enqueue(new TextEncoder().encode('{"a": '));
+        setTimeout(() => c.error(new Error("aborted")), 20);
+      },
+    });
+    const res = await app.request("/r", { method: "POST", body: broken, duplex: "half" } as RequestInit);
+    expect(res.status).toBe(400);
+    expect((await res.json()).message).toMatch(/The request body was cut off before its end \(aborted\)/);
+    expect(logged).toEqual([]);
+    expect(bodies.usedBytes).toBe(0);
+  });
+
   it("refuses a budget or a deadline that is not a positive number", () => {
     expect(() => new RequestBodies(0)).toThrow(/budgetBytes must be a positive integer/);
     expect(() => new RequestBodies(100, 0)).toThrow(/receiveMs must be a positive number/);

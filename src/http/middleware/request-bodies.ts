@@ -6,7 +6,7 @@
  */
 
 import type { Context, MiddlewareHandler, Next } from "hono";
-import { CacheServerError, OverloadedError, payloadTooLarge } from "../../errors.ts";
+import { badRequest, CacheServerError, isCacheServerError, OverloadedError, payloadTooLarge } from "../../errors.ts";
 
 /** How long a request body may take to arrive, whole (ms): 2 MiB in 30 s is 70 KB/s. */
 export const BODY_RECEIVE_MS = 30_000;
@@ -80,7 +80,10 @@ async function receive(req: Request, maxBytes: number, tooLarge: string, ms: num
   } catch (e) {
     // Stop reading: the runtime drops what else comes (and Node's stream ends the request).
     reader.cancel().catch(() => {});
-    throw e;
+    if (isCacheServerError(e)) throw e;
+    // The stream broke: its client left mid-body (a reset, a closed connection). No server
+    // fault to log; the answer most likely reaches nobody.
+    throw badRequest(`The request body was cut off before its end (${(e as Error).message}); send it again whole`);
   } finally {
     clearTimeout(timer);
   }
