@@ -201,6 +201,11 @@ function batchHeaders(reg: RegisteredDataset, first: number, count: number, byte
 }
 
 function intParam(c: Context, name: string, min: number, max: number, fallback: number | undefined): number {
+  // Given twice, which one was meant is a guess (a proxy appending its own, a client bug): refuse.
+  const all = c.req.queries(name);
+  if (all !== undefined && all.length > 1) {
+    throw badRequest(`Query parameter "${name}" given ${all.length} times (${all.map((v) => JSON.stringify(v)).join(", ")}): give it once`);
+  }
   const raw = c.req.query(name);
   if (raw === undefined || raw === "") {
     if (fallback === undefined) throw badRequest(`Missing query parameter "${name}": expected an integer from ${min} to ${max}`);
