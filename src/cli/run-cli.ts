@@ -178,14 +178,15 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   try {
     listener = await host.listen(server.fetch, config.listen, config.tls, { queuedBytes: config.batchInflightBytes });
   } catch (e) {
+    const why = describe(e);
     // Deno checks a certificate and key only when it listens (Node at start-up, exit 2): a key
     // that is not the certificate's is bad configuration there too, not a port to change.
-    if (config.tls && /\b(key|cert|certificate|pem)/i.test(describe(e)) && !/EADDRINUSE|EACCES|EADDRNOTAVAIL/.test(describe(e))) {
-      host.printError(`rackfeed: Invalid --tls-cert/--tls-key: ${describe(e)}`);
+    if (config.tls && /\b(key|cert|certificate|pem)/i.test(why) && !/EADDRINUSE|EACCES|EADDRNOTAVAIL/.test(why)) {
+      host.printError(`rackfeed: Invalid --tls-cert/--tls-key: ${why}`);
       await server.close();
       return 2;
     }
-    host.printError(`rackfeed: cannot listen on ${config.listen.hostname}:${config.listen.port}: ${describe(e)}; pass --listen HOST:PORT (port 0 picks a free one)`);
+    host.printError(`rackfeed: cannot listen on ${config.listen.hostname}:${config.listen.port}: ${why}; pass --listen HOST:PORT (port 0 picks a free one)`);
     await server.close();
     return 1;
   }

@@ -279,8 +279,8 @@ export function loadConfig(src: ConfigSources): Config {
       }
       if (!pem.includes("-----BEGIN")) throw new ConfigError(`Invalid ${flag}: ${path} is not a PEM file`);
       // Checked here for Deno too, whose createSecureContext checks nothing.
-      const block = flag === "--tls-cert" ? /-----BEGIN CERTIFICATE-----/ : /-----BEGIN [A-Z ]*PRIVATE KEY-----/;
-      if (!block.test(pem)) throw new ConfigError(`Invalid ${flag}: ${path} holds no ${flag === "--tls-cert" ? "certificate" : "private key"} (expected a PEM "${flag === "--tls-cert" ? "CERTIFICATE" : "PRIVATE KEY"}" block)`);
+      const want = flag === "--tls-cert" ? { block: /-----BEGIN CERTIFICATE-----/, what: "certificate", label: "CERTIFICATE" } : { block: /-----BEGIN [A-Z ]*PRIVATE KEY-----/, what: "private key", label: "PRIVATE KEY" };
+      if (!want.block.test(pem)) throw new ConfigError(`Invalid ${flag}: ${path} holds no ${want.what} (expected a PEM "${want.label}" block)`);
       return pem;
     };
     tls = Object.freeze({ cert: read("--tls-cert", values.tlsCert as string), key: read("--tls-key", values.tlsKey as string) });

@@ -194,13 +194,11 @@ export function denoHost(): CliHost {
     // statfs needs --allow-sys: asked without it, Deno prompts on a terminal (start-up hung).
     // Without it the disk budget is not fitted to the file system's room.
     fileSystem: (dir) =>
-      Deno.permissions.querySync({ name: "sys", kind: "statfs" as Deno.SysPermissionDescriptor["kind"] }).state === "granted"
-        ? statfs(dir)
-        : Promise.resolve(undefined),
+      granted({ name: "sys", kind: "statfs" as Deno.SysPermissionDescriptor["kind"] }) ? statfs(dir) : Promise.resolve(undefined),
     // Physical memory needs --allow-sys: asked without it, Deno prompts on a terminal (start-up
     // hung). Without it, cgroup limits alone are read.
     memoryLimit: () =>
-      hostMemoryLimit(Deno.permissions.querySync({ name: "sys", kind: "systemMemoryInfo" }).state === "granted" ? {} : { totalmem: () => NaN }),
+      hostMemoryLimit(granted({ name: "sys", kind: "systemMemoryInfo" }) ? {} : { totalmem: () => NaN }),
     buildOffThread: workerIndexBuilder("deno"),
     // Deno's node:http client left sockets of aborted S3 requests open (fds grew under origin
     // faults, bench/RESULTS.md "S3 origin soak"); its own fetch closes them.
@@ -272,11 +270,19 @@ export const lockFileDeno: LockFile = async (path) => {
   }
 };
 
+/**
+ * Whether Deno grants a permission now, asked without a prompt: asking by using what it guards
+ * prompts on a terminal and holds the event loop until someone answers.
+ */
+function granted(d: Deno.PermissionDescriptor): boolean {
+  return Deno.permissions.querySync(d).state === "granted";
+}
+
 /** Whether a process id is running (signal 0 probes without signalling); true where Deno may not tell (no --allow-run). */
 export function isAlive(pid: number): boolean {
   // Asked without the permission, Deno prompts on a terminal and holds the event loop (with
   // --no-prompt it throws): a process we cannot probe is taken as alive, whose files are kept.
-  if (Deno.permissions.querySync({ name: "run" }).state !== "granted") return true;
+  if (!granted({ name: "run" })) return true;
   try {
     Deno.kill(pid, 0 as unknown as Deno.Signal);
     return true;

@@ -40,8 +40,9 @@ export class RequestBodies {
   limit(maxBytes: number, tooLarge: string): MiddlewareHandler {
     return async (c: Context, next: Next) => {
       const declared = Number(c.req.header("content-length"));
-      if (Number.isSafeInteger(declared) && declared > maxBytes) throw payloadTooLarge(tooLarge);
-      const bytes = Number.isSafeInteger(declared) && declared >= 0 ? declared : maxBytes;
+      const known = Number.isSafeInteger(declared) && declared >= 0;
+      if (known && declared > maxBytes) throw payloadTooLarge(tooLarge);
+      const bytes = known ? declared : maxBytes;
       // One body always fits, however small the budget: the route's own bound holds it.
       if (this.#used > 0 && this.#used + bytes > this.budgetBytes) {
         throw new OverloadedError(`Too many request bodies being received at once (${this.#used} of --request-body-bytes ${this.budgetBytes}); retry shortly`);
@@ -67,7 +68,9 @@ async function receive(req: Request, maxBytes: number, tooLarge: string, ms: num
   const late = new Promise<never>((_, reject) => {
     timer = setTimeout(() => reject(new CacheServerError("REQUEST_TIMEOUT", `The request body did not arrive whole within ${ms / 1000} s; send it at once`)), ms);
   });
-  const chunks: Uint8Array[] = [];
+  // Decoded as it comes (a character split across chunks waits for the next): no whole-body buffer.
+  const decoder = new TextDecoder();
+  let text = "";
   let length = 0;
   try {
     for (;;) {
@@ -75,7 +78,7 @@ async function receive(req: Request, maxBytes: number, tooLarge: string, ms: num
       if (done) break;
       length += value.length;
       if (length > maxBytes) throw payloadTooLarge(tooLarge);
-      chunks.push(value);
+      text += decoder.decode(value, { stream: true });
     }
   } catch (e) {
     // Stop reading: the runtime drops what else comes (and Node's stream ends the request).
@@ -87,11 +90,5 @@ async function receive(req: Request, maxBytes: number, tooLarge: string, ms: num
   } finally {
     clearTimeout(timer);
   }
-  const whole = new Uint8Array(length);
-  let at = 0;
-  for (const c of chunks) {
-    whole.set(c, at);
-    at += c.length;
-  }
-  return new TextDecoder().decode(whole);
+  return text + decoder.decode();
 }
