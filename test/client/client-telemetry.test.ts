@@ -47,6 +47,19 @@ async function withProxy<T>(rule: FaultRule, fn: (proxy: FaultProxy) => Promise<
   }
 }
 
+/** A proxy rule that counts `POST /v1/telemetry` requests (`sent()`) and holds each `delayMs` (0: passes it on at once). */
+function countedReports(delayMs = 0): { rule: FaultRule; sent: () => number } {
+  let sent = 0;
+  return {
+    rule: (_n, req) => {
+      if (req.url !== "/v1/telemetry") return pass;
+      sent++;
+      return delayMs > 0 ? { kind: "delay", ms: delayMs } : pass;
+    },
+    sent: () => sent,
+  };
+}
+
 describe("RackfeedClient telemetry", () => {
   it("neither fails nor holds the for-await loop when the report at the end of the range fails (503)", async () => {
     await withProxy((_n, req) => (req.url === "/v1/telemetry" ? { kind: "slowdown" } : pass), async (proxy) => {
@@ -83,11 +96,8 @@ describe("RackfeedClient telemetry", () => {
 
   it("sends at most one report per reportIntervalMs while steps come faster, and every step's t_wait still arrives", async () => {
     for (const [name, reportIntervalMs, reports] of [["interval", 3_600_000, 2], ["every", 0, 10]] as const) {
-      let sent = 0;
-      await withProxy((_n, req) => {
-        if (req.url === "/v1/telemetry") sent++;
-        return pass;
-      }, async (proxy) => {
+      const counted = countedReports();
+      await withProxy(counted.rule, async (proxy) => {
         const c = new RackfeedClient({ url: proxy.url, reportEvery: 4, reportIntervalMs });
         const waits = () => rf.metric("rackfeed_t_wait_seconds_count", { dataset: name });
         const before = await waits();
@@ -95,19 +105,15 @@ describe("RackfeedClient telemetry", () => {
         await c.close();
         expect(await waits()).toBe(before + 40);
         // The first report goes out after 4 steps; then one per interval (none within the hour), and the rest at the end.
-        if (reportIntervalMs > 0) expect(sent).toBe(reports);
-        else expect(sent).toBeGreaterThanOrEqual(reports);
+        if (reportIntervalMs > 0) expect(counted.sent()).toBe(reports);
+        else expect(counted.sent()).toBeGreaterThanOrEqual(reports);
       });
     }
   });
 
   it("keeps one report in flight per consumer: two consumers behind a slow /v1/telemetry send a few full reports, not one per step", async () => {
-    let sent = 0;
-    await withProxy((_n, req) => {
-      if (req.url !== "/v1/telemetry") return pass;
-      sent++;
-      return { kind: "delay", ms: 150 };
-    }, async (proxy) => {
+    const reports = countedReports(150);
+    await withProxy(reports.rule, async (proxy) => {
       const c = new RackfeedClient({ url: proxy.url, reportEvery: 4, reportIntervalMs: 0 });
       const waits = () => rf.metric("rackfeed_t_wait_seconds_count", { dataset: "pair" });
       const before = await waits();
@@ -118,17 +124,13 @@ describe("RackfeedClient telemetry", () => {
       await c.close();
       expect(await waits()).toBe(before + 240);
       // 240 steps in reports of 4 would be 60; each consumer waits for its report (150 ms) and sends what queued meanwhile.
-      expect(sent).toBeLessThanOrEqual(30);
+      expect(reports.sent()).toBeLessThanOrEqual(30);
     });
   });
 
   it("stays bounded when reports are not answered: at most MAX_REPORTS_IN_FLIGHT per consumer, the oldest steps dropped past a full queue", async () => {
-    let sent = 0;
-    await withProxy((_n, req) => {
-      if (req.url !== "/v1/telemetry") return pass;
-      sent++;
-      return { kind: "delay", ms: 1500 };
-    }, async (proxy) => {
+    const reports = countedReports(1500);
+    await withProxy(reports.rule, async (proxy) => {
       const c = new RackfeedClient({ url: proxy.url, reportEvery: 1_000_000, reportIntervalMs: 3_600_000 });
       const consumer = { dataset: "stalled", rank: 0, world: 1, microBatch: 4 };
       const h2d = () => rf.metric("rackfeed_t_h2d_seconds_count", { dataset: "stalled" });
@@ -138,7 +140,7 @@ describe("RackfeedClient telemetry", () => {
       expect(c.queuedSteps).toBe(MAX_QUEUED_STEPS);
       expect(c.droppedSteps).toBe(2 * MAX_QUEUED_STEPS);
       await new Promise((r) => setTimeout(r, 300));
-      expect(sent).toBe(MAX_REPORTS_IN_FLIGHT); // all stalled in the proxy
+      expect(reports.sent()).toBe(MAX_REPORTS_IN_FLIGHT); // all stalled in the proxy
       await c.close();
       expect(await h2d()).toBe(before + total - c.droppedSteps);
     });

@@ -21,6 +21,30 @@ afterAll(async () => {
   await ws.remove();
 });
 
+/**
+ * Starts `deno run PERMISSIONS src/main.ts serve` on a terminal (`script`: Deno prompts only
+ * there, and a prompt waits for ever), waits for its banner, checks no permission prompt came
+ * first, and stops it. Returns what it printed.
+ */
+async function bannerOnTerminal(permissions: string[], cacheDir: string, shmDir: string): Promise<string> {
+  const serve = [
+    DENO, "run", ...permissions, `${ROOT}src/main.ts`, "serve",
+    "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`, "--cache-dir", cacheDir, "--shm-dir", shmDir,
+  ].join(" ");
+  const child = spawn("script", ["-qec", serve, "/dev/null"], { stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  child.stdout.on("data", (d) => (out += String(d)));
+  try {
+    // The banner's last line (the shared-memory line comes before it), or a prompt.
+    await waitFor(() => /Batch copies/.test(out) || /Allow\?/.test(out), "the server's banner, or a prompt", 60_000);
+    expect(out).not.toMatch(/Allow\?/);
+    return out;
+  } finally {
+    child.kill("SIGKILL");
+    spawnSync("pkill", ["-f", cacheDir]);
+  }
+}
+
 describe("the Deno entry point (deno run -A src/main.ts serve)", () => {
   it("says it runs on Deno", () => {
     expect(deno.output()).toMatch(/rackfeed \(deno [\d.]+\) listening on/);
@@ -89,22 +113,10 @@ describe("the Deno entry with the Docker image's permissions (no -A)", () => {
   it("starts from a terminal with the image's permissions (FFI for its own library only) without stopping at a permission prompt", async () => {
     // `script` gives the server a terminal: Deno prompts only there, and a prompt waits for ever
     // (msgpackr's native addon and libc for ring mappings asked for FFI before).
-    const serve = [
-      DENO, "run", "--allow-net", "--allow-read", "--allow-write", "--allow-env", "--allow-sys", `--allow-ffi=${ROOT}native/build/librackfeed.so`, `${ROOT}src/main.ts`, "serve",
-      "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`, "--cache-dir", `${ws.dir}/c-tty`, "--shm-dir", `${ws.dir}/shm-tty`,
-    ].join(" ");
-    const child = spawn("script", ["-qec", serve, "/dev/null"], { stdio: ["ignore", "pipe", "pipe"] });
-    let out = "";
-    child.stdout.on("data", (d) => (out += String(d)));
-    try {
-      // The banner's last line (the shared-memory line comes before it), or a prompt.
-      await waitFor(() => /Batch copies/.test(out) || /Allow\?/.test(out), "the server's banner, or a prompt", 60_000);
-      expect(out).not.toMatch(/Allow\?/);
-      expect(out).toMatch(/rings in .* \(pwrite\)/); // no FFI for libc: rings are written, not mapped
-    } finally {
-      child.kill("SIGKILL");
-      spawnSync("pkill", ["-f", `${ws.dir}/c-tty`]);
-    }
+    const out = await bannerOnTerminal([
+      "--allow-net", "--allow-read", "--allow-write", "--allow-env", "--allow-sys", `--allow-ffi=${ROOT}native/build/librackfeed.so`,
+    ], `${ws.dir}/c-tty`, `${ws.dir}/shm-tty`);
+    expect(out).toMatch(/rings in .* \(pwrite\)/); // no FFI for libc: rings are written, not mapped
   }, 120_000);
 
   it("starts from a terminal without --allow-sys or --allow-run, beside a dead server's unlocked ring, without stopping at a prompt", async () => {
@@ -112,22 +124,9 @@ describe("the Deno entry with the Docker image's permissions (no -A)", () => {
     const shm = `${ws.dir}/shm-noperm`;
     mkdirSync(shm, { recursive: true });
     writeFileSync(`${shm}/rackfeed-ring-999999-deadbeef-1.ring`, new Uint8Array(4096));
-    const serve = [
-      DENO, "run", "--allow-net", "--allow-read", "--allow-write", "--allow-env", "--allow-ffi", `${ROOT}src/main.ts`, "serve",
-      "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`, "--cache-dir", `${ws.dir}/c-noperm`, "--shm-dir", shm,
-    ].join(" ");
-    const child = spawn("script", ["-qec", serve, "/dev/null"], { stdio: ["ignore", "pipe", "pipe"] });
-    let out = "";
-    child.stdout.on("data", (d) => (out += String(d)));
-    try {
-      await waitFor(() => /Batch copies/.test(out) || /Allow\?/.test(out), "the server's banner, or a prompt", 60_000);
-      expect(out).not.toMatch(/Allow\?/);
-      // Whose ring it is cannot be told without --allow-run: it is kept, not taken for a dead server's.
-      expect(existsSync(`${shm}/rackfeed-ring-999999-deadbeef-1.ring`)).toBe(true);
-    } finally {
-      child.kill("SIGKILL");
-      spawnSync("pkill", ["-f", `${ws.dir}/c-noperm`]);
-    }
+    await bannerOnTerminal(["--allow-net", "--allow-read", "--allow-write", "--allow-env", "--allow-ffi"], `${ws.dir}/c-noperm`, shm);
+    // Whose ring it is cannot be told without --allow-run: it is kept, not taken for a dead server's.
+    expect(existsSync(`${shm}/rackfeed-ring-999999-deadbeef-1.ring`)).toBe(true);
   }, 120_000);
 
   it("refuses at start-up, with exit 2 and both flags named, a TLS key that is not the certificate's", async () => {

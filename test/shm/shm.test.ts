@@ -252,12 +252,8 @@ describe("shared-memory fast path", () => {
   });
 
   it("answers each of several waits outstanding at once, one for the same step included (another language's client may send them), and refuses one beyond the ring", async () => {
-    const { s, next } = await greeted();
+    const { s, next, slots } = await filledPollingRing(150);
     try {
-      s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 0, endStep: 150, notify: "wait" }));
-      const slots = Number((await next()).slots);
-      s.write(encodeFrame({ t: "wait", step: slots - 1 }));
-      expect(await next()).toMatchObject({ t: "batch", step: slots - 1 }); // the ring is full: steps 0 .. slots-1
       s.write(encodeFrame({ t: "wait", step: slots }));
       s.write(encodeFrame({ t: "wait", step: slots })); // asked twice: answered twice, as a published step's waits are
       s.write(encodeFrame({ t: "wait", step: slots + 1 }));
@@ -277,13 +273,9 @@ describe("shared-memory fast path", () => {
   });
 
   it("refuses more waits outstanding than twice the ring's slots (each would be answered: a flood of them would hold the server)", async () => {
-    const { s, next } = await greeted();
+    // Nothing is released: step `slots` stays unpublished.
+    const { s, next, slots } = await filledPollingRing(150);
     try {
-      s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 0, endStep: 150, notify: "wait" }));
-      const slots = Number((await next()).slots);
-      // The ring fills with steps 0 .. slots-1 and nothing is released: step `slots` stays unpublished.
-      s.write(encodeFrame({ t: "wait", step: slots - 1 }));
-      expect(await next()).toMatchObject({ t: "batch", step: slots - 1 });
       for (let i = 0; i < 2 * slots; i++) s.write(encodeFrame({ t: "wait", step: slots }));
       s.write(encodeFrame({ t: "wait", step: slots }));
       const m = await next();
@@ -310,13 +302,9 @@ describe("shared-memory fast path", () => {
   });
 
   it("answers waits at or past endStep sent before the end with the one end that follows the last step, never with an error", async () => {
-    const { s, next } = await greeted();
+    const { s, next, slots } = await filledPollingRing(70);
     try {
-      s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 0, endStep: 70, notify: "wait" }));
-      const slots = Number((await next()).slots);
       expect(slots).toBeLessThan(70); // the ring fills steps 0 .. slots-1, then waits for releases
-      s.write(encodeFrame({ t: "wait", step: slots - 1 }));
-      expect(await next()).toMatchObject({ t: "batch", step: slots - 1 });
       // A polling client may ask past the end before it is near (here, past a ring's length
       // from the next step published too: that was an error).
       s.write(encodeFrame({ t: "wait", step: 70 }));
@@ -865,6 +853,24 @@ async function exchange(frames: Uint8Array[], n = 1, socket?: string): Promise<R
 }
 
 /** A raw control connection to the test server that has said hello; `next()` reads one message. */
+/**
+ * A polling consumer (`notify: "wait"`, micro-batch 20 from step 0 to `endStep`) whose ring the
+ * server has filled: steps 0 .. slots-1 published, none released. Closes its socket on failure.
+ */
+async function filledPollingRing(endStep: number): Promise<Awaited<ReturnType<typeof greeted>> & { slots: number }> {
+  const { s, next } = await greeted();
+  try {
+    s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 0, endStep, notify: "wait" }));
+    const slots = Number((await next()).slots);
+    s.write(encodeFrame({ t: "wait", step: slots - 1 }));
+    expect(await next()).toMatchObject({ t: "batch", step: slots - 1 });
+    return { s, next, slots };
+  } catch (e) {
+    s.close();
+    throw e;
+  }
+}
+
 async function greeted(): Promise<{ s: Awaited<ReturnType<typeof connectUnix>>; next: () => Promise<Record<string, unknown>> }> {
   const s = await connectUnix(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
   const dec = new FrameDecoder();
