@@ -325,13 +325,17 @@ function closeWhenUnread(res: http.ServerResponse, idleMs: number): void {
   const socket = res.socket;
   if (!socket || watched.has(socket)) return;
   watched.add(socket);
-  const queued = () => (socket as unknown as { _handle?: { writeQueueSize?: number } })._handle?.writeQueueSize ?? 0;
-  let last = "";
+  const handle = (socket as unknown as { _handle?: { writeQueueSize?: number } })._handle;
+  // What libuv had still to write at the last check, and what had been handed to the socket;
+  // -1: nothing was waiting then.
+  let lastQueued = -1;
+  let lastWritten = -1;
   const timer = setInterval(() => {
-    const waiting = queued() + socket.writableLength;
-    const now = `${queued()}/${socket.bytesWritten}`;
-    if (waiting > 0 && now === last) socket.destroy();
-    last = waiting > 0 ? now : "";
+    const queued = handle?.writeQueueSize ?? 0;
+    const waiting = queued + socket.writableLength > 0;
+    if (waiting && queued === lastQueued && socket.bytesWritten === lastWritten) socket.destroy();
+    lastQueued = waiting ? queued : -1;
+    lastWritten = waiting ? socket.bytesWritten : -1;
   }, idleMs);
   timer.unref();
   socket.once("close", () => clearInterval(timer));
