@@ -8,6 +8,7 @@ import type { ReadAhead } from "./batch/read-ahead.ts";
 import type { BlockCache } from "./cache/block-cache.ts";
 import { CacheServerError, OverloadedError } from "./errors.ts";
 import { errorHandler } from "./http/error-handler.ts";
+import { allowedMethods } from "./http/allowed-methods.ts";
 import { bearerAuth } from "./http/middleware/bearer-auth.ts";
 import { rejectDotSegments } from "./http/middleware/reject-dot-segments.ts";
 import { rejectBadHost } from "./http/middleware/reject-bad-host.ts";
@@ -74,8 +75,16 @@ export interface AppDeps {
 export function createApp(deps: AppDeps): Hono {
   const app = new Hono();
   const requestBodies = new RequestBodies(deps.requestBodyBytes ?? 64 * 2 ** 20);
-  app.onError(errorHandler(deps.log));
-  app.notFound((c) => c.json({ error: "NOT_FOUND", message: `No route for ${c.req.method} ${c.req.path}` }, 404));
+  const onError = errorHandler(deps.log);
+  app.onError(onError);
+  // Made at the first unmatched request, when every route is registered.
+  let allowed: ((path: string) => string[]) | undefined;
+  app.notFound((c) => {
+    allowed ??= allowedMethods(app.routes);
+    const methods = allowed(c.req.path);
+    if (methods.length === 0) return c.json({ error: "NOT_FOUND", message: `No route for ${c.req.method} ${c.req.path}` }, 404);
+    return onError(methodNotAllowed(c.req.method, c.req.path, methods), c);
+  });
   app.use("*", rejectBadHost());
   app.use("*", rejectDotSegments());
   app.use("/v1/*", bearerAuth({ token: deps.readToken, required: false, role: "read", alsoAccept: deps.adminToken }));
@@ -119,7 +128,16 @@ export function createApp(deps: AppDeps): Hono {
     if (c.req.method === "GET" || c.req.method === "HEAD") {
       throw new CacheServerError("BAD_REQUEST", `No object key in ${new URL(c.req.url).pathname}: expected /v1/objects/{origin}/{key}`);
     }
-    throw new CacheServerError("BAD_REQUEST", "Objects are read-only: use GET or HEAD");
+    throw methodNotAllowed(c.req.method, new URL(c.req.url).pathname, ["GET", "HEAD"], "objects are read-only");
   });
   return app;
+}
+
+/** The 405 of a request whose path takes only `methods`. */
+function methodNotAllowed(method: string, path: string, methods: readonly string[], why?: string): CacheServerError {
+  return new CacheServerError(
+    "METHOD_NOT_ALLOWED",
+    `${method} is not allowed on ${path}${why ? ` (${why})` : ""}: use ${methods.slice(0, -1).join(", ")}${methods.length > 1 ? " or " : ""}${methods.at(-1)}`,
+    { headers: { allow: methods.join(", ") } },
+  );
 }

@@ -10,6 +10,7 @@ export type ErrorCode =
   | "UNAUTHORIZED"
   | "FORBIDDEN"
   | "NOT_FOUND"
+  | "METHOD_NOT_ALLOWED"
   | "CONFLICT"
   | "ORIGIN_NOT_FOUND"
   | "OBJECT_NOT_FOUND"

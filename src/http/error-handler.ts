@@ -13,6 +13,8 @@ export const STATUS_OF: Readonly<Record<ErrorCode, ContentfulStatusCode>> = {
   UNAUTHORIZED: 401,
   FORBIDDEN: 403,
   NOT_FOUND: 404,
+  // A path with routes, asked with a method none of them takes: `Allow` names those that do.
+  METHOD_NOT_ALLOWED: 405,
   // A registration overtaken by a later one of the same name (see DatasetCatalog.register).
   CONFLICT: 409,
   ORIGIN_NOT_FOUND: 404,

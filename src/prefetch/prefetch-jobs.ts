@@ -100,6 +100,8 @@ interface Plan {
   readonly tasks: BlockTask[];
   readonly objects: number;
   readonly bytesTotal: number;
+  /** What the job warms, in words, where it differs from what was asked (steps cut at the dataset's end). */
+  readonly what?: string;
 }
 
 /** How long `POST /prefetch` waits for a plan before it answers with the job queued (ms). */
@@ -234,6 +236,7 @@ export class PrefetchJobs {
 
   #start(job: Job, plan: Plan): void {
     const p = job.progress;
+    if (plan.what !== undefined) p.what = plan.what;
     p.objectsTotal = plan.objects;
     p.blocksTotal = plan.tasks.length;
     p.bytesTotal = plan.bytesTotal;
@@ -293,7 +296,8 @@ export class PrefetchJobs {
         }
       }
       if (this.#jobs.size >= this.#opts.maxJobs) {
-        throw badRequest(`Too many prefetch jobs running (${this.#opts.maxJobs}); wait for one to finish or cancel one`);
+        // Full for now, not a bad request: a retry succeeds once a job ends.
+        throw new OverloadedError(`Too many prefetch jobs running (${this.#opts.maxJobs}); retry when one has finished, or cancel one`);
       }
     }
     this.#jobs.set(id, job);
@@ -388,7 +392,11 @@ export class PrefetchJobs {
         });
       }
     }
-    return { tasks, objects: reg.files.length, bytesTotal: sumBytes(tasks) };
+    // Steps past the end are cut, not refused (`[from, 1e12]` warms to the end): the job says so.
+    const what = to < wanted
+      ? `${describeRequest({ ...req, steps: [from, to] })}; asked for steps ${from}-${wanted - 1}, the dataset's last is ${steps - 1}`
+      : undefined;
+    return { tasks, objects: reg.files.length, bytesTotal: sumBytes(tasks), what };
   }
 
   async #run(job: Job, tasks: BlockTask[]): Promise<void> {

@@ -121,6 +121,29 @@ describe("GET /v1/objects ranges", () => {
     expect((await origin.json()).message).toContain("data");
   });
 
+  it("answers 405 with Allow for a method a path has no route for, and 404 for a path with none", async () => {
+    const cases: [string, string, string][] = [
+      ["PUT", "/v1/objects/data/shard.bin", "GET, HEAD"],
+      ["DELETE", "/v1/objects/data/shard.bin", "GET, HEAD"],
+      ["POST", "/healthz", "GET, HEAD"],
+      ["DELETE", "/v1/datasets/web", "GET, HEAD, PUT"],
+      ["PUT", "/v1/telemetry", "POST"],
+    ];
+    for (const [method, path, allow] of cases) {
+      const res = await fetch(`${rf.url}${path}`, { method });
+      expect(res.status, `${method} ${path}`).toBe(405);
+      expect(res.headers.get("allow")).toBe(allow);
+      const body = await res.json();
+      expect(body.error).toBe("METHOD_NOT_ALLOWED");
+      expect(body.message).toContain(`${method} is not allowed on ${path}`);
+    }
+    // Unchanged where nothing of the path is served, and for the methods that are.
+    const none = await fetch(`${rf.url}/v1/nothing-here`, { method: "DELETE" });
+    expect(none.status).toBe(404);
+    expect((await none.json()).error).toBe("NOT_FOUND");
+    expect((await fetch(`${rf.url}/healthz`, { method: "HEAD" })).status).toBe(200);
+  });
+
   it("counts served bytes and per-tier hits in /metrics", async () => {
     const before = await rf.metric("rackfeed_served_bytes_total", { transport: "http1" });
     const hitsBefore = await rf.metric("rackfeed_cache_hits_total", { tier: "memory" });

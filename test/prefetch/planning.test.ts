@@ -101,6 +101,38 @@ describe("prefetch planning", () => {
     expect(last).toMatchObject({ state: "done", objectsDone: 40, objectsTotal: 40, blocksTotal: 40, blocksDone: 40, bytesTotal: 120_000 });
   });
 
+  it("answers 503 with Retry-After while 256 jobs are unfinished, and takes jobs again once they end", async () => {
+    await ws.put("one/o.bin", patternBytes(5000, 1));
+    // Every stat waits for the gate: each job stays planning (unfinished) until cancelled.
+    let open = () => {};
+    const gate = new Promise<void>((r) => (open = r));
+    class GatedOrigin extends SlowStatOrigin {
+      override async stat(key: string): Promise<ObjectInfo> {
+        await gate;
+        return await super.stat(key);
+      }
+    }
+    const origin = new GatedOrigin(ws.origin, 0);
+    const rf = await startServer(ws, ["--admin-token", ADMIN, "--metadata-ttl", "0"], { makeOrigin: () => origin });
+    servers.push(rf);
+    const post = () => fetch(`${rf.url}/prefetch`, { method: "POST", headers: auth, body: JSON.stringify({ objects: ["data/one/"] }) });
+    const queued = await Promise.all(Array.from({ length: 256 }, async () => {
+      const res = await post();
+      expect(res.status).toBe(202);
+      return (await res.json()).id as string;
+    }));
+    const full = await post();
+    expect(full.status).toBe(503);
+    expect(full.headers.get("retry-after")).toBe("1");
+    expect((await full.json()).message).toMatch(/Too many prefetch jobs running \(256\)/);
+    for (const id of queued) expect((await fetch(`${rf.url}/prefetch/${id}`, { method: "DELETE", headers: auth })).status).toBe(200);
+    open();
+    const again = await post();
+    expect(again.status).toBe(202);
+    const { id } = await again.json();
+    await waitFor(async () => (await (await fetch(`${rf.url}/prefetch/${id}`, { headers: auth })).json()).state === "done", "the new job to end", 10_000);
+  });
+
   it("refuses steps beyond the dataset with 400 naming its steps, and prefetches up to its end", async () => {
     await putSyntheticDataset(ws, "tok", 200, 50, 400, 2);
     const rf = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "4KiB"]);
@@ -112,6 +144,8 @@ describe("prefetch planning", () => {
     expect((await beyond.json()).message).toMatch(/dataset "d" has steps 0-99 with world 1 and micro_batch 8/);
     const tail = await fetch(`${rf.url}/prefetch`, { method: "POST", headers: auth, body: JSON.stringify({ dataset: "d", steps: [90, 1e12], micro_batch: 8 }) });
     expect(tail.status).toBe(202);
-    expect((await tail.json()).blocksTotal).toBeGreaterThan(0);
+    const cut = await tail.json();
+    expect(cut.blocksTotal).toBeGreaterThan(0);
+    expect(cut.what).toBe("dataset d steps 90-99 (rank 0, world 1, micro_batch 8); asked for steps 90-999999999999, the dataset's last is 99");
   });
 });
