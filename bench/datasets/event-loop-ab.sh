@@ -10,7 +10,9 @@
 # and native/build when it has none). Without it, only this checkout is measured.
 # Knobs (environment): ROUNDS=3 (interleaved rounds), PASSES=20 (timed passes of 1500 steps per
 # run, each a new consumer), RUNTIME=node|deno (the server's), SERVER_FLAGS="" (more serve flags,
-# e.g. "--native-gather-threads 4" for groups of steps copied on a thread).
+# e.g. "--native-gather-threads 4" for groups of steps copied on a thread), FRESH=1 (one consumer
+# over PASSES × 1500 distinct steps, as a trainer's epoch: every step planned once, where the
+# passes over the same 1500 steps find many plans made before).
 # Needs the uint16 dataset and plan of bench/datasets/warm-batches.ts (run that once first), and
 # python3-numpy: each round starts with the baseline, numpy's memmap gather of the same batches
 # (bench/datasets/numpy_gather.py, 2 timed passes, alone on the box).
@@ -32,6 +34,14 @@ STEPS=1500
 PORT=18557
 ADMIN=event-loop-ab-admin-token-0123456789
 PLAN=$HERE/bench/.out/datasets/u16.plan
+FRESH=${FRESH:-}
+# Steps of the dataset, and the client's flags: passes over 1500 steps, or one consumer over all.
+EPOCH_STEPS=$STEPS
+CLIENT_MODE=()
+if [ -n "$FRESH" ]; then
+  EPOCH_STEPS=$((STEPS * PASSES))
+  CLIENT_MODE=(--continuous)
+fi
 if [ ! -f "$DATA/u16.bin" ] || [ ! -f "$PLAN" ]; then
   echo "No $DATA/u16.bin or $PLAN: run 'node --import tsx bench/datasets/warm-batches.ts' once first (it writes both)" >&2
   exit 2
@@ -69,18 +79,18 @@ run_one() { # $1 = checkout
   local base=http://127.0.0.1:$PORT
   for _ in $(seq 1 80); do curl -sf -o /dev/null "$base/metrics" && break; sleep 0.25; done
   curl -sf -o /dev/null -X PUT -H "authorization: Bearer $ADMIN" -H "content-type: application/json" "$base/v1/datasets/u16" \
-    -d "{\"sources\":[{\"prefix\":\"bench/u16\"}],\"seq_length\":4096,\"seed\":1234,\"split\":\"100,0,0\",\"split_index\":0,\"num_samples\":$((STEPS * 8))}"
+    -d "{\"sources\":[{\"prefix\":\"bench/u16\"}],\"seq_length\":4096,\"seed\":1234,\"split\":\"100,0,0\",\"split_index\":0,\"num_samples\":$((EPOCH_STEPS * 8))}"
   for s in $(seq 0 $((STEPS - 1))); do echo "url = \"$base/v1/datasets/u16/batches/$s?rank=0&world=1&micro_batch=8\""; echo "output = /dev/null"; done > "$WORK/urls"
   curl -sf -K "$WORK/urls"
   (cd "$root" && "$DENO" run -A bench/shm/client.ts "$base" u16 8 $STEPS 2 > /dev/null)
   local main=/proc/$SERVER/task/$SERVER/stat proc=/proc/$SERVER/stat
   local m0 p0 m1 p1 line
   m0=$(cpu_ticks "$main"); p0=$(cpu_ticks "$proc")
-  line=$(cd "$root" && "$DENO" run -A bench/shm/client.ts "$base" u16 8 $STEPS "$PASSES" | tail -1)
+  line=$(cd "$root" && "$DENO" run -A bench/shm/client.ts "$base" u16 8 $STEPS "$PASSES" "${CLIENT_MODE[@]}" | tail -1)
   m1=$(cpu_ticks "$main"); p1=$(cpu_ticks "$proc")
   kill "$SERVER"; wait "$SERVER" 2>/dev/null || true
   SERVER=
-  # The client's first pass is untimed: it is served too.
+  # The client's first pass is untimed: it is served too (with FRESH, over every step).
   node -e '
     const [line, m, p, tick, steps, name, numpy] = process.argv.slice(1);
     const j = JSON.parse(line);
@@ -88,10 +98,10 @@ run_one() { # $1 = checkout
     const us = (t) => (Number(t) / Number(tick)) * 1e6 / served;
     const bound = 1e6 / us(m) / Number(numpy);
     console.log(`${name.padEnd(24)} ${(j.batches / j.seconds).toFixed(0).padStart(6)} batches/s   event loop ${us(m).toFixed(1).padStart(5)} µs/batch (bound ${bound.toFixed(2)}× numpy)   process ${us(p).toFixed(1).padStart(5)} µs/batch`);
-  ' "$line" $((m1 - m0)) $((p1 - p0)) "$TICK" $STEPS "$(basename "$root")" "$NUMPY"
+  ' "$line" $((m1 - m0)) $((p1 - p0)) "$TICK" $EPOCH_STEPS "$(basename "$root")" "$NUMPY"
 }
 
-echo "event-loop-ab: $RUNTIME server ${SERVER_FLAGS:-}, $ROUNDS rounds × $PASSES passes of $STEPS steps, $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "event-loop-ab: $RUNTIME server ${SERVER_FLAGS:-}, $ROUNDS rounds × $PASSES passes of $STEPS steps${FRESH:+ (one consumer over all, every step new)}, $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC')"
 numpy_round() {
   python3 "$HERE/bench/datasets/numpy_gather.py" "$DATA/u16.bin" uint16 "$PLAN" $STEPS 8 4097 2 "$WORK/numpy.json" > /dev/null
   NUMPY=$(node -e 'const j = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")); console.log((j.batches / j.seconds).toFixed(0))' "$WORK/numpy.json")

@@ -44,7 +44,7 @@ for (let rep = 0; rep < REPS; rep++) {
   t = performance.now();
   segmentCount = 0;
   // keep = false: every plan is made afresh, as for a trainer's epoch.
-  for (let s = 0; s < STEPS; s++) segmentCount += planSamples(reg, s * 8, 8, BLOCK_BYTES, false).segmentCount;
+  for (let s = 0; s < STEPS; s++) segmentCount += planSamples(reg, s * 8, 8, BLOCK_BYTES, "once").segmentCount;
   if (rep > 1) plans = Math.min(plans, ((performance.now() - t) * 1000) / STEPS);
 }
 console.log(`plan of a 64 KiB token batch (8 samples, ${(pieceCount / STEPS).toFixed(1)} pieces, ${(segmentCount / STEPS).toFixed(1)} segments), best of ${REPS - 2} reps of ${STEPS} steps:`);

@@ -59,6 +59,12 @@ const BLOCK_KEY = 2 ** 32;
 /** The planning scratch shared by all calls of `planSamples`: one sample's pieces. */
 let pieceScratch = new Float64Array(PIECE_STRIDE * 64);
 
+/** The blocks and segments of the plan being made (planning is synchronous: one at a time). */
+let blockScratch: number[] = [];
+let segmentScratch: number[] = [];
+/** The longest scratch kept between plans (numbers; 8 MiB): a larger plan's is dropped after it. */
+const MAX_SCRATCH_PLAN_NUMBERS = 2 ** 20;
+
 /** Blocks a plan looks up by scanning (the last ones found) before it asks `planBlockPos`. */
 const RECENT_BLOCKS = 32;
 
@@ -87,14 +93,25 @@ interface KeptPlan {
   readonly blockBytes: number;
   readonly plan: SamplePlan;
   readonly bytes: number;
+  /** Who made it: the other user's lookup is its last. */
+  readonly by: PlanUse;
 }
 
 /**
+ * Who asks for a plan: read-ahead (for a step ahead), the step's batch, or a one-off use (a
+ * prefetch job's sweep, a HEAD, the look-ahead metrics) that keeps nothing.
+ */
+export type PlanUse = "read-ahead" | "batch" | "once";
+
+/**
  * Recent plans in a table indexed by a hash of (dataset, first sample, count): read-ahead plans
- * step s+K, and step s's batch finds its plan here, so each step is planned once. No string key
- * and no map per lookup (a plan costs only a few µs, so the lookup must cost far less); a
- * colliding plan replaces the older one. Dataset versions are held by number, never by reference,
- * so a replaced dataset's indexes are not kept alive by its plans.
+ * step s+K, and step s's batch finds its plan here (or the other way round), so each step is
+ * planned once. The second of the two takes the plan out of the table: kept until a collision,
+ * every plan outlived the young generation and was promoted, and the old generation's
+ * collections took a tenth of the event loop's time per token batch. No string key and no map
+ * per lookup (a plan costs only a µs, so the lookup must cost far less); a colliding plan
+ * replaces the older one. Dataset versions are held by number, never by reference, so a
+ * replaced dataset's indexes are not kept alive by its plans.
  */
 const kept = new Array<KeptPlan | undefined>(PLAN_SLOTS);
 let keptBytes = 0;
@@ -107,25 +124,31 @@ let lastRegId = 0;
  * kept (within `PLAN_CACHE_BYTES`) and shared: the same run of samples is planned once for its
  * read-ahead and its batch. The result must not be modified.
  *
- * @param keep false for one-off plans (a prefetch job's sweep) that would only push out the plans in use (a kept plan is still returned)
+ * @param use who asks: a plan made for read-ahead is kept for the batch and the other way round (the second takes it out); `once` keeps nothing (a kept plan is still returned)
  * @throws {RangeNotSatisfiableError} when the run leaves `[0, numSamples)`
  */
-export function planSamples(reg: RegisteredDataset, first: number, count: number, blockBytes: number, keep = true): SamplePlan {
+export function planSamples(reg: RegisteredDataset, first: number, count: number, blockBytes: number, use: PlanUse = "batch"): SamplePlan {
   let id = regIds.get(reg);
   if (id === undefined) regIds.set(reg, (id = ++lastRegId));
   const slot = (Math.imul(first, 0x9e3779b1) ^ Math.imul(count + id + blockBytes, 0x85ebca6b)) >>> (32 - PLAN_SLOT_BITS);
   const e = kept[slot];
-  if (e !== undefined && e.regId === id && e.first === first && e.count === count && e.blockBytes === blockBytes) return e.plan;
+  if (e !== undefined && e.regId === id && e.first === first && e.count === count && e.blockBytes === blockBytes) {
+    if (use !== "once" && use !== e.by) {
+      kept[slot] = undefined;
+      keptBytes -= e.bytes;
+    }
+    return e.plan;
+  }
   const plan = computePlan(reg, first, count, blockBytes);
   const bytes = (plan.segments.length + plan.blocks.length) * 8 + 256;
-  if (keep && bytes <= PLAN_CACHE_BYTES / 16) {
+  if (use !== "once" && bytes <= PLAN_CACHE_BYTES / 16) {
     if (e !== undefined) keptBytes -= e.bytes;
     if (keptBytes + bytes > PLAN_CACHE_BYTES) {
       // Over budget (large plans): start over rather than track which to drop.
       kept.fill(undefined);
       keptBytes = 0;
     }
-    kept[slot] = { regId: id, first, count, blockBytes, plan, bytes };
+    kept[slot] = { regId: id, first, count, blockBytes, plan, bytes, by: use };
     keptBytes += bytes;
   }
   return plan;
@@ -148,8 +171,13 @@ function computePlan(reg: RegisteredDataset, first: number, count: number, block
   const itemSizes = itemSizesOf(ds);
   const blockPos = planBlockPos;
   if (blockPos.size > 0) blockPos.clear();
-  const blocks: number[] = [];
-  const segments: number[] = [];
+  // Built in scratch arrays (written by index, never shortened: V8 would give their storage
+  // back) and copied out once at their final length: grown push by push, a token batch's arrays
+  // were reallocated four times each, 3× the bytes a plan keeps, in GC time per batch.
+  const blocks = blockScratch;
+  const segments = segmentScratch;
+  let nBlocks = 0;
+  let nNumbers = 0;
   for (let i = first; i < first + count; i++) {
     const n = ds.planSample(i, pieces, 0);
     for (let p = 0; p < n; p++) {
@@ -161,27 +189,40 @@ function computePlan(reg: RegisteredDataset, first: number, count: number, block
         const packed = source * BLOCK_KEY + b;
         // Most pieces fall in one of the last few blocks found: look there before the map.
         let pos = -1;
-        for (let k = blocks.length - 1; k >= 0 && k >= blocks.length - RECENT_BLOCKS; k--) {
+        for (let k = nBlocks - 1; k >= 0 && k >= nBlocks - RECENT_BLOCKS; k--) {
           if (blocks[k] === packed) {
             pos = k;
             break;
           }
         }
         // Past the scan, the map: it holds every block once the plan has more than the scan covers.
-        if (pos < 0 && blocks.length > RECENT_BLOCKS) pos = blockPos.get(packed) ?? -1;
+        if (pos < 0 && nBlocks > RECENT_BLOCKS) pos = blockPos.get(packed) ?? -1;
         if (pos < 0) {
-          pos = blocks.length;
-          blocks.push(packed);
+          pos = nBlocks;
+          blocks[nBlocks++] = packed;
           if (pos === RECENT_BLOCKS) for (let k = 0; k < RECENT_BLOCKS; k++) blockPos.set(blocks[k], k);
           if (pos >= RECENT_BLOCKS) blockPos.set(packed, pos);
         }
         const to = Math.min(end, (b + 1) * blockBytes);
-        segments.push(source, pos, start - b * blockBytes, to - b * blockBytes);
+        segments[nNumbers] = source;
+        segments[nNumbers + 1] = pos;
+        segments[nNumbers + 2] = start - b * blockBytes;
+        segments[nNumbers + 3] = to - b * blockBytes;
+        nNumbers += SEGMENT_STRIDE;
         start = to;
       }
     }
   }
-  const plan: PlanWithKeys = { segments, segmentCount: segments.length / SEGMENT_STRIDE, blocks, keysOf: undefined, keys: EMPTY_KEYS };
+  const plan: PlanWithKeys = {
+    segments: segments.slice(0, nNumbers),
+    segmentCount: nNumbers / SEGMENT_STRIDE,
+    blocks: blocks.slice(0, nBlocks),
+    keysOf: undefined,
+    keys: EMPTY_KEYS,
+  };
+  // A plan far larger than usual does not keep its scratch for good.
+  if (segments.length > MAX_SCRATCH_PLAN_NUMBERS) segmentScratch = [];
+  if (blocks.length > MAX_SCRATCH_PLAN_NUMBERS) blockScratch = [];
   return plan;
 }
 
@@ -576,7 +617,7 @@ export async function copyResidentRuns(
   const seconds = (now() - t0) / 1000 / runs.length;
   const ds = reg.dataset;
   return runs.map((r, i) => ({
-    body: into[i].subarray(0, r.bytes),
+    body: into[i].length === r.bytes ? into[i] : into[i].subarray(0, r.bytes),
     dtype: ds.dtype,
     shape: [r.count, ds.windowLength] as const,
     blocksMissing: 0,
@@ -628,7 +669,7 @@ export function checkedBodyBytes(reg: RegisteredDataset, count: number, maxBytes
  */
 export function peekCacheState(cache: BlockCache, reg: RegisteredDataset, first: number, count: number): "hit" | "filling" | "miss" {
   // Not kept in the plan table: a HEAD must not push out the plans of consumers' steps.
-  const plan = planSamples(reg, first, count, cache.blockBytes, false);
+  const plan = planSamples(reg, first, count, cache.blockBytes, "once");
   let filling = false;
   for (const packed of plan.blocks) {
     const f = reg.files[blockSource(packed)];

@@ -115,6 +115,8 @@ export class ReadAhead {
   /** The last consumer seen and its id: the shm path passes one key object for all its steps. */
   #lastKey: ConsumerKey | undefined;
   #lastId = "";
+  /** The id of the consumer last in `#consumers`' recency order (undefined when unknown). */
+  #newestId: string | undefined;
 
   /** @param opts cache, clock and bounds */
   constructor(opts: ReadAheadOptions) {
@@ -160,12 +162,17 @@ export class ReadAhead {
     const now = this.#opts.now();
     let c = this.#consumers.get(id);
     if (c) {
-      this.#consumers.delete(id);
+      // To the end of the recency order, unless it is there already (the same consumer step after
+      // step: a map delete and set per step cost more than the rest of this bookkeeping).
+      if (this.#newestId !== id) {
+        this.#consumers.delete(id);
+        this.#consumers.set(id, c);
+        this.#newestId = id;
+      }
       c.seenAt = now;
       if (c.reg !== reg && c.replaced.has(reg)) {
         // A request begun before the dataset was rebuilt, answered after one on the new version:
         // switching back would drop the window twice and keep the old version alive.
-        this.#consumers.set(id, c);
         return;
       }
       // Owed steps are never more than OWED_STEPS behind `step` (trimmed below as it moves).
@@ -174,7 +181,6 @@ export class ReadAhead {
         // Skipped and now served after a later step: its blocks were released then, and the
         // window stands.
         c.owed.splice(late, 1);
-        this.#consumers.set(id, c);
         return;
       }
       const back = c.reg !== reg || step < c.step;
@@ -211,8 +217,9 @@ export class ReadAhead {
         this.#release(this.#consumers.get(oldest)!, Infinity);
         this.#consumers.delete(oldest);
       }
+      this.#consumers.set(id, c);
+      this.#newestId = id;
     }
-    this.#consumers.set(id, c);
     this.#forgetIdle(now);
     this.#warm(c);
   }
@@ -223,6 +230,7 @@ export class ReadAhead {
       if (now - c.seenAt < IDLE_CONSUMER_MS) return;
       this.#release(c, Infinity);
       this.#consumers.delete(id);
+      if (id === this.#newestId) this.#newestId = undefined;
     }
   }
 
@@ -241,7 +249,7 @@ export class ReadAhead {
     // never evicts its own blocks from the memory tier.
     for (let s = c.warmedThrough + 1; s <= target && c.windowBytes < maxBytesPerConsumer; s++) {
       const first = stepSamples(s, c.key.rank, c.key.world, c.key.microBatch);
-      const plan = planSamples(c.reg, first, c.key.microBatch, blockBytes);
+      const plan = planSamples(c.reg, first, c.key.microBatch, blockBytes, "read-ahead");
       const due = now + (s - c.step) * stepMs;
       const keys = blockKeys(cache, c.reg, plan);
       if (this.#tracking) this.#schedule(c, keys, due);
@@ -325,7 +333,7 @@ export class ReadAhead {
       let buffered = 0;
       const last = Math.min(this.#lastStep(c), c.step + maxSteps);
       outer: for (let s = c.step + 1; s <= last; s++) {
-        const plan = planSamples(c.reg, stepSamples(s, c.key.rank, c.key.world, c.key.microBatch), c.key.microBatch, cache.blockBytes, false);
+        const plan = planSamples(c.reg, stepSamples(s, c.key.rank, c.key.world, c.key.microBatch), c.key.microBatch, cache.blockBytes, "once");
         for (const packed of plan.blocks) {
           const f = c.reg.files[blockSource(packed)];
           if (!cache.inMemory(f.gw, f.binKey, f.bin, blockIndex(packed))) break outer;

@@ -60,6 +60,18 @@ export class Metrics {
   readonly #tCompute: Histogram<"dataset">;
   readonly #steps: Counter<"dataset" | "healthy">;
   /**
+   * The step series of each dataset reported on, resolved once (reports carry up to 10 000 steps
+   * of three timings each; observing through a labels object costs a closure per call). As many
+   * as the registered names ever reported on, as prom-client's own series are.
+   */
+  readonly #stepSeries = new Map<string, {
+    readonly wait: { observe(v: number): void };
+    readonly h2d: { observe(v: number): void };
+    readonly compute: { observe(v: number): void };
+    readonly healthy: { inc(): void };
+    readonly unhealthy: { inc(): void };
+  }>();
+  /**
    * Consumers' look-ahead, taken once per scrape: planning it costs up to `--read-ahead-max-steps`
    * plans per consumer, and four metrics read it (a scrape with 4096 consumers took 2 s when each
    * planned its own).
@@ -277,11 +289,22 @@ export class Metrics {
 
   /** Records one reported step of a consumer of `dataset`. */
   observeStep(dataset: string, s: { t_wait?: number; t_h2d?: number; t_compute?: number }): void {
-    if (s.t_wait !== undefined) this.#tWait.observe({ dataset }, s.t_wait);
-    if (s.t_h2d !== undefined) this.#tH2d.observe({ dataset }, s.t_h2d);
-    if (s.t_compute !== undefined) this.#tCompute.observe({ dataset }, s.t_compute);
+    let series = this.#stepSeries.get(dataset);
+    if (series === undefined) {
+      series = {
+        wait: this.#tWait.labels(dataset),
+        h2d: this.#tH2d.labels(dataset),
+        compute: this.#tCompute.labels(dataset),
+        healthy: this.#steps.labels(dataset, "true"),
+        unhealthy: this.#steps.labels(dataset, "false"),
+      };
+      this.#stepSeries.set(dataset, series);
+    }
+    if (s.t_wait !== undefined) series.wait.observe(s.t_wait);
+    if (s.t_h2d !== undefined) series.h2d.observe(s.t_h2d);
+    if (s.t_compute !== undefined) series.compute.observe(s.t_compute);
     if (s.t_wait !== undefined && s.t_h2d !== undefined && s.t_compute !== undefined) {
-      this.#steps.inc({ dataset, healthy: String(s.t_wait + s.t_h2d < s.t_compute) });
+      (s.t_wait + s.t_h2d < s.t_compute ? series.healthy : series.unhealthy).inc();
     }
   }
 

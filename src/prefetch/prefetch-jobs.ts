@@ -375,7 +375,7 @@ export class PrefetchJobs {
         sliceStart = performance.now();
       }
       const first = stepSamples(step, req.rank, req.world, req.microBatch);
-      const plan = planSamples(reg, first, req.microBatch, blockBytes, false);
+      const plan = planSamples(reg, first, req.microBatch, blockBytes, "once");
       for (const packed of plan.blocks) {
         if (seen.has(packed)) continue;
         seen.add(packed);

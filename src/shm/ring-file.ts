@@ -48,6 +48,8 @@ export class RingFile {
   /** The header written with pwrite when the ring is not mapped. */
   readonly #header = new DataView(new ArrayBuffer(SLOT_HEADER_BYTES));
   #scratch: Uint8Array | undefined;
+  /** Each mapped slot's view, as `target` last made it (dropped at `close`). */
+  #views: Uint8Array[] = [];
   #closed = false;
 
   /**
@@ -105,14 +107,22 @@ export class RingFile {
     return this.#map !== undefined;
   }
 
-  /** Where slot `i`'s batch is assembled: the mapped slot itself, or the scratch buffer later copied in. */
-  target(slot: number): Uint8Array {
+  /**
+   * Where slot `i`'s batch is assembled: the mapped slot itself, or the scratch buffer later
+   * copied in; its first `length` bytes (default: all of it). A mapped slot's view is kept
+   * while its length stays the same, as it does for a consumer's batches: a view per step was
+   * garbage per step.
+   */
+  target(slot: number, length = this.layout.slotBytes): Uint8Array {
+    if (length < 0 || length > this.layout.slotBytes) throw new RangeError(`A slot of ${this.layout.slotBytes} bytes has no view of ${length}`);
     if (this.#map) {
+      const kept = this.#views[slot];
+      if (kept !== undefined && kept.length === length) return kept;
       const at = this.layout.dataOffset + slot * this.layout.slotBytes;
-      return this.#map.bytes.subarray(at, at + this.layout.slotBytes);
+      return (this.#views[slot] = this.#map.bytes.subarray(at, at + length));
     }
     this.#scratch ??= new Uint8Array(this.layout.slotBytes);
-    return this.#scratch;
+    return length === this.#scratch.length ? this.#scratch : this.#scratch.subarray(0, length);
   }
 
   /**
@@ -143,6 +153,7 @@ export class RingFile {
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
+    this.#views = [];
     this.#map?.unmap();
     fs.closeSync(this.#fd);
     fs.rmSync(this.path, { force: true });

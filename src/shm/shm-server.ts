@@ -304,6 +304,8 @@ class ShmConnection {
   #endedAt: number | undefined;
   /** Messages in `#queue` not yet handled. */
   #unhandled = 0;
+  /** Messages in `#queue` not yet handled or still being handled (an `open` awaits the catalog). */
+  #queued = 0;
 
   constructor(socket: net.Socket, server: ShmServer, o: ShmServerOptions) {
     this.#socket = socket;
@@ -321,11 +323,23 @@ class ShmConnection {
         return;
       }
       for (const m of msgs) {
+        // Releases and waits (one per step) are handled at once when nothing waits before them:
+        // a promise chain per message cost the event loop more than the release itself. Anything
+        // behind an `open` still being handled waits its turn, in order.
+        if (this.#queued === 0 && this.#greeted && (m.t === "release" || m.t === "wait")) {
+          try {
+            this.#handleStepMessage(m);
+          } catch (e) {
+            this.#failWith(e);
+          }
+          continue;
+        }
         this.#unhandled++;
+        this.#queued++;
         this.#queue = this.#queue.then(() => {
           if (--this.#unhandled === 0 && this.#socket.isPaused()) this.#socket.resume();
           return this.#handle(m);
-        }).catch((e) => this.#failWith(e));
+        }).catch((e) => this.#failWith(e)).finally(() => this.#queued--);
       }
       if (this.#unhandled > MAX_UNHANDLED_MESSAGES) socket.pause();
     });
@@ -479,6 +493,12 @@ class ShmConnection {
       return;
     }
     if (m.t === "open") return await (this.#opening = this.#open(m));
+    this.#handleStepMessage(m);
+  }
+
+  /** Handles a message of a greeted peer other than `open`: a `release`, a `wait`, or an error. */
+  #handleStepMessage(m: Record<string, unknown>): void {
+    if (this.#closed) return;
     if (m.t === "release") return this.#release(m);
     if (m.t === "wait") return this.#wait(m);
     throw new ShmProtocolError(`Unknown message "${String(m.t)}": expected open, release or wait`);
@@ -650,7 +670,7 @@ class ShmConnection {
         const runs = group > 1 ? this.#residentRuns(reg, consumer, step, Math.min(group, end - step, slots - inFlight.length), from) : [];
         if (runs.length > 0) {
           const at = runs.map((_, i) => slotOfStep(step + i, from, slots));
-          const copied = copyResidentRuns(copier!, reg, runs, at.map((a) => ring.target(a.slot)), this.#o.now, t0);
+          const copied = copyResidentRuns(copier!, reg, runs, at.map((a, i) => ring.target(a.slot, runs[i].bytes)), this.#o.now, t0);
           copied.catch(() => (failed = true));
           runs.forEach((r, i) => inFlight.push({ step: step + i, ...at[i], first: r.first, t0, unit, batch: copied, index: i }));
           step += runs.length;

@@ -32,10 +32,20 @@ describe("batch planning", () => {
     expect(planSamples(reg, 40, 17, 8192)).not.toBe(plan); // another run: its own plan
     expect(planSamples(reg, 40, 17, 8192).segmentCount).toBeGreaterThanOrEqual(plan.segmentCount);
     expect(planSamples(reg, 40, 16, 4096)).not.toBe(plan); // other block size, other blocks
-    expect(planSamples(reg, 40, 16, 8192, false)).toBe(plan); // a one-off use still finds a kept plan
-    expect(planSamples(reg, 80, 16, 8192, false)).not.toBe(planSamples(reg, 80, 16, 8192, false)); // and keeps none
+    expect(planSamples(reg, 40, 16, 8192, "once")).toBe(plan); // a one-off use still finds a kept plan
+    expect(planSamples(reg, 80, 16, 8192, "once")).not.toBe(planSamples(reg, 80, 16, 8192, "once")); // and keeps none
     // Short runs too.
     expect(planSamples(reg, 40, 4, 8192)).toBe(planSamples(reg, 40, 4, 8192));
+    // Read-ahead's plan serves the batch once, and the batch's serves read-ahead once: the second
+    // user takes it out (a plan kept on would outlive the young generation for nothing).
+    const ahead = planSamples(reg, 120, 8, 8192, "read-ahead");
+    expect(planSamples(reg, 120, 8, 8192, "read-ahead")).toBe(ahead); // read-ahead again: still kept
+    expect(planSamples(reg, 120, 8, 8192, "batch")).toBe(ahead); // its batch: the last use
+    expect(planSamples(reg, 120, 8, 8192, "batch")).not.toBe(ahead); // gone: planned anew (and kept)
+    const first = planSamples(reg, 160, 8, 8192, "batch");
+    expect(planSamples(reg, 160, 8, 8192, "once")).toBe(first); // a one-off use takes nothing out
+    expect(planSamples(reg, 160, 8, 8192, "read-ahead")).toBe(first);
+    expect(planSamples(reg, 160, 8, 8192, "read-ahead")).not.toBe(first);
     // The kept plan assembles the same bytes as the HTTP route.
     const viaPlan = await assembleSamples(rf.server.cache, reg, 40, 16, 2 ** 30);
     const viaHttp = new Uint8Array(await (await fetch(`${rf.url}/v1/datasets/d/samples?start=40&count=16`)).arrayBuffer());
@@ -106,7 +116,7 @@ describe("batch planning", () => {
     const bin = new Uint8Array(await (await fetch(`${rf.url}/v1/objects/data/tok/d.bin`)).arrayBuffer());
     const bb = 1024;
     for (const [first, count] of [[10, 2], [0, 40], [500, 2000]] as const) {
-      const plan = planSamples(reg, first, count, bb, false);
+      const plan = planSamples(reg, first, count, bb, "once");
       expect(new Set(plan.blocks).size, `${count} samples`).toBe(plan.blocks.length);
       if (count === 2000) expect(plan.blocks.length).toBeGreaterThan(100); // past the scan: the map
       // Each segment's bytes, read at its block's offset in the .bin, are the samples' tokens.

@@ -53,10 +53,11 @@ function parseReport(body: unknown, known: readonly string[]): Report {
   if (!Array.isArray(b.steps) || b.steps.length > MAX_REPORT_STEPS) {
     throw badRequest(`Invalid telemetry "steps": expected an array of at most ${MAX_REPORT_STEPS} entries`);
   }
-  const seconds = (v: unknown, what: string): number | undefined => {
+  // The entry's name is made only for an error: a report carries up to 10 000 steps.
+  const seconds = (v: unknown, i: number, name: string): number | undefined => {
     if (v === undefined || v === null) return undefined;
     if (typeof v !== "number" || !Number.isFinite(v) || v < 0 || v > 86_400) {
-      throw badRequest(`Invalid telemetry "${what}": expected seconds from 0 to 86400, received ${JSON.stringify(v)}`);
+      throw badRequest(`Invalid telemetry "steps[${i}].${name}": expected seconds from 0 to 86400, received ${JSON.stringify(v)}`);
     }
     return v;
   };
@@ -68,9 +69,9 @@ function parseReport(body: unknown, known: readonly string[]): Report {
       }
       const t = s as Record<string, unknown>;
       return {
-        t_wait: seconds(t.t_wait, `steps[${i}].t_wait`),
-        t_h2d: seconds(t.t_h2d, `steps[${i}].t_h2d`),
-        t_compute: seconds(t.t_compute, `steps[${i}].t_compute`),
+        t_wait: seconds(t.t_wait, i, "t_wait"),
+        t_h2d: seconds(t.t_h2d, i, "t_h2d"),
+        t_compute: seconds(t.t_compute, i, "t_compute"),
       };
     }),
   };
