@@ -6,6 +6,7 @@
  */
 
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import { CountingHistogram, type HistogramSeries } from "./counting-histogram.ts";
 import { type BatchStats, SLOW_BATCH_CAUSES } from "../batch/batch-stats.ts";
 import type { ConsumerLookahead } from "../batch/read-ahead.ts";
 import type { BodyPoolStats } from "../batch/body-pool.ts";
@@ -38,6 +39,15 @@ export interface MetricSources {
 
 type Sample = readonly [labels: Record<string, string>, value: number];
 
+/** A dataset's reported step timings. */
+interface StepSeries {
+  readonly wait: HistogramSeries;
+  readonly h2d: HistogramSeries;
+  readonly compute: HistogramSeries;
+  healthy: number;
+  unhealthy: number;
+}
+
 /**
  * The metric registry of one server.
  *
@@ -52,25 +62,15 @@ export class Metrics {
   /** Block fill durations, by where the block came from. Observed once per fill. */
   readonly fillSeconds: Histogram<"source">;
   /** Time to assemble one batch (or samples response), by whether its blocks were all in memory. */
-  readonly batchSeconds: Histogram<"cache">;
-  /** `batchSeconds` per label value, resolved once: observing through labels hashes them on every call (~3 µs per batch). */
-  readonly #batchSecondsBy: Record<"hit" | "filling" | "miss", { observe(seconds: number): void }>;
-  readonly #tWait: Histogram<"dataset">;
-  readonly #tH2d: Histogram<"dataset">;
-  readonly #tCompute: Histogram<"dataset">;
-  readonly #steps: Counter<"dataset" | "healthy">;
+  readonly #batchSecondsBy: Record<"hit" | "filling" | "miss", HistogramSeries>;
+  readonly #tWait: CountingHistogram;
+  readonly #tH2d: CountingHistogram;
+  readonly #tCompute: CountingHistogram;
   /**
    * The step series of each dataset reported on, resolved once (reports carry up to 10 000 steps
-   * of three timings each; observing through a labels object costs a closure per call). As many
-   * as the registered names ever reported on, as prom-client's own series are.
+   * of three timings each). As many as the registered names ever reported on.
    */
-  readonly #stepSeries = new Map<string, {
-    readonly wait: { observe(v: number): void };
-    readonly h2d: { observe(v: number): void };
-    readonly compute: { observe(v: number): void };
-    readonly healthy: { inc(): void };
-    readonly unhealthy: { inc(): void };
-  }>();
+  readonly #stepSeries = new Map<string, StepSeries>();
   /**
    * Consumers' look-ahead, taken once per scrape: planning it costs up to `--read-ahead-max-steps`
    * plans per consumer, and four metrics read it (a scrape with 4096 consumers took 2 s when each
@@ -78,9 +78,9 @@ export class Metrics {
    */
   #lookahead: readonly ConsumerLookahead[] | undefined;
 
-  /** Records one assembled batch (per batch on the hot path, so without a label lookup). */
-  observeBatch(seconds: number, cache: "hit" | "filling" | "miss"): void {
-    this.#batchSecondsBy[cache].observe(seconds);
+  /** Records `n` assembled batches of `seconds` each (per batch on the hot path, so without a label lookup). */
+  observeBatch(seconds: number, cache: "hit" | "filling" | "miss", n = 1): void {
+    this.#batchSecondsBy[cache].observe(seconds, n);
   }
 
   /** @param src the snapshot functions */
@@ -256,26 +256,28 @@ export class Metrics {
       return SLOW_BATCH_CAUSES.map((cause) => [{ cause }, counts?.[cause] ?? 0] as Sample);
     });
 
-    this.batchSeconds = new Histogram({
+    const batchSeconds = new CountingHistogram({
       name: "rackfeed_batch_seconds",
       help: "Time to assemble a batch or samples response; cache=hit (all blocks in memory), filling (some still arriving), miss",
       labelNames: ["cache"],
       buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
       registers: reg,
     });
-    this.#batchSecondsBy = { hit: this.batchSeconds.labels("hit"), filling: this.batchSeconds.labels("filling"), miss: this.batchSeconds.labels("miss") };
+    this.#batchSecondsBy = { hit: batchSeconds.series("hit"), filling: batchSeconds.series("filling"), miss: batchSeconds.series("miss") };
 
     const stepBuckets = [0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
     const stepHistogram = (name: string, help: string) =>
-      new Histogram({ name, help, labelNames: ["dataset"], buckets: stepBuckets, registers: reg });
+      new CountingHistogram({ name, help, labelNames: ["dataset"], buckets: stepBuckets, registers: reg });
     this.#tWait = stepHistogram("rackfeed_t_wait_seconds", "Trainer-reported time a step waited for its batch (client SDK)");
     this.#tH2d = stepHistogram("rackfeed_t_h2d_seconds", "Trainer-reported host-to-device copy time of a batch");
     this.#tCompute = stepHistogram("rackfeed_t_compute_seconds", "Trainer-reported compute time of a step");
-    this.#steps = new Counter({
-      name: "rackfeed_steps_total",
-      help: "Reported steps with all three timings; healthy when t_wait + t_h2d < t_compute",
-      labelNames: ["dataset", "healthy"],
-      registers: reg,
+    counter("rackfeed_steps_total", "Reported steps with all three timings; healthy when t_wait + t_h2d < t_compute", ["dataset", "healthy"], () => {
+      const out: Sample[] = [];
+      for (const [dataset, s] of this.#stepSeries) {
+        if (s.healthy > 0) out.push([{ dataset, healthy: "true" }, s.healthy]);
+        if (s.unhealthy > 0) out.push([{ dataset, healthy: "false" }, s.unhealthy]);
+      }
+      return out;
     });
 
     this.fillSeconds = new Histogram({
@@ -291,20 +293,15 @@ export class Metrics {
   observeStep(dataset: string, s: { t_wait?: number; t_h2d?: number; t_compute?: number }): void {
     let series = this.#stepSeries.get(dataset);
     if (series === undefined) {
-      series = {
-        wait: this.#tWait.labels(dataset),
-        h2d: this.#tH2d.labels(dataset),
-        compute: this.#tCompute.labels(dataset),
-        healthy: this.#steps.labels(dataset, "true"),
-        unhealthy: this.#steps.labels(dataset, "false"),
-      };
+      series = { wait: this.#tWait.series(dataset), h2d: this.#tH2d.series(dataset), compute: this.#tCompute.series(dataset), healthy: 0, unhealthy: 0 };
       this.#stepSeries.set(dataset, series);
     }
     if (s.t_wait !== undefined) series.wait.observe(s.t_wait);
     if (s.t_h2d !== undefined) series.h2d.observe(s.t_h2d);
     if (s.t_compute !== undefined) series.compute.observe(s.t_compute);
     if (s.t_wait !== undefined && s.t_h2d !== undefined && s.t_compute !== undefined) {
-      (s.t_wait + s.t_h2d < s.t_compute ? series.healthy : series.unhealthy).inc();
+      if (s.t_wait + s.t_h2d < s.t_compute) series.healthy++;
+      else series.unhealthy++;
     }
   }
 
