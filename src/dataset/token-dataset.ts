@@ -6,7 +6,10 @@ import { DatasetConfigError } from "./errors.ts";
 import { buildGptIndices, type GptIndices } from "./gpt-indices.ts";
 import { checkBinSize, type IndexedDatasetIndex, type TokenDtype } from "./indexed-dataset.ts";
 import { normalize } from "./numpy-math.ts";
-import { planGptWindow } from "./sample-plan.ts";
+import { planGptWindow, readGptIndexes } from "./sample-plan.ts";
+
+/** The items whose indexes `readIndexes` reads, reused (no allocation per batch). */
+let itemScratch = new Uint32Array(64);
 import { type SequenceRange, splitRange } from "./split.ts";
 
 /** One source of a built dataset: its file, split range and `GPTDataset` indexes. */
@@ -114,6 +117,14 @@ export interface TokenDataset {
    * @throws {RangeError} when `i` is out of range or `out` is too short
    */
   planSample(i: number, out: Float64Array, at?: number): number;
+  /**
+   * Reads the index entries that planning samples `[first, first + count)` will read, level by
+   * level across the samples, so that their cache misses overlap (see `readGptIndexes`); the
+   * planning that follows then finds them in cache. Changes nothing.
+   *
+   * @returns a number that depends on the entries read
+   */
+  readIndexes(first: number, count: number): number;
   /**
    * The source that serves sample `i` (0 for a single source).
    *
@@ -310,6 +321,27 @@ class BuiltTokenDataset implements TokenDataset {
     const k = blend.datasetIndex[i];
     const s = this.sources[k];
     return planGptWindow(s.gpt, s.index, blend.datasetSampleIndex[i], k, out, at);
+  }
+
+  readIndexes(first: number, count: number): number {
+    const from = Math.max(0, first);
+    const n = Math.min(first + count, this.length) - from;
+    if (n <= 0) return 0;
+    if (itemScratch.length < n) itemScratch = new Uint32Array(n * 2);
+    const items = itemScratch;
+    const blend = this.blend;
+    if (blend === undefined) {
+      for (let k = 0; k < n; k++) items[k] = from + k;
+      return readGptIndexes(this.sources[0].gpt, this.sources[0].index, items, n);
+    }
+    // A blend's samples come from several sources: read each source's items together.
+    let acc = 0;
+    for (let src = 0; src < this.sources.length; src++) {
+      let m = 0;
+      for (let i = from; i < from + n; i++) if (blend.datasetIndex[i] === src) items[m++] = blend.datasetSampleIndex[i];
+      if (m > 0) acc += readGptIndexes(this.sources[src].gpt, this.sources[src].index, items, m);
+    }
+    return acc;
   }
 
   sourceOf(i: number): number {

@@ -187,4 +187,47 @@ describe("properties", () => {
       { numRuns: 60 },
     );
   });
+
+  it("readIndexes() reads exactly the entries planning reads (their sum), for single sources and blends, and clips runs past either end", () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.record({ weight: fc.integer({ min: 1, max: 9 }), lens: fc.array(fc.integer({ min: 1, max: 80 }), { minLength: 2, maxLength: 12 }) }), { minLength: 1, maxLength: 3 }),
+        fc.boolean(),
+        fc.integer({ min: 2, max: 16 }),
+        fc.integer({ min: 1, max: 120 }),
+        seedArb,
+        fc.integer({ min: -5, max: 130 }),
+        fc.integer({ min: 1, max: 40 }),
+        (srcs, weighted, seqLength, numSamples, seed, first, count) => {
+          const used = weighted ? srcs : srcs.slice(0, 1);
+          const config = parseDatasetConfig({
+            sources: used.map((s, k) => ({ prefix: `p${k}`, ...(weighted ? { weight: s.weight } : {}) })),
+            seq_length: seqLength,
+            seed,
+            split: "100,0,0",
+            split_index: 0,
+            num_samples: numSamples,
+          });
+          const indexes = used.map((s, k) => parseIndex(encodeIndex({ dtypeCode: 8, lengths: s.lens }), { path: `p${k}.idx` }));
+          const ds = buildTokenDataset(config, indexes);
+          // What planning sample i reads: its source's shuffle row, the row's offset and the
+          // positions to the next row's, and each document's pointer and length.
+          let expected = 0;
+          for (let i = Math.max(0, first); i < Math.min(first + count, ds.length); i++) {
+            const k = ds.sourceOf(i);
+            const item = ds.blend === undefined ? i : ds.blend.datasetSampleIndex[i];
+            const { gpt, index } = ds.sources[k];
+            const row = gpt.shuffleIndex[item];
+            expected += gpt.sampleOffsets[row];
+            for (let p = gpt.samplePositions[row]; p <= gpt.samplePositions[row + 1]; p++) {
+              const doc = gpt.documentIndex[p];
+              expected += index.pointers[doc] + index.lengths[doc];
+            }
+          }
+          expect(ds.readIndexes(first, count)).toBe(expected);
+        },
+      ),
+      { numRuns: 100 },
+    );
+  });
 });
