@@ -56,8 +56,14 @@ interface Consumer {
   stepSeconds: number;
   /** Highest step whose blocks have been warmed. */
   warmedThrough: number;
-  /** Steps after `step` that are scheduled: the block keys each needs, when, and their bytes. */
-  scheduled: Map<number, { keys: readonly string[]; due: number; bytes: number }>;
+  /**
+   * Steps after `step` that are scheduled, in step order from `head`: the block keys each needs,
+   * when, and their bytes. A queue, not a map: steps are scheduled in order and released from the
+   * front, and a map's set and delete per step cost more.
+   */
+  scheduled: ScheduledStep[];
+  /** The first entry of `scheduled` still scheduled (those before it are dropped a batch at a time). */
+  head: number;
   /** Sum of `scheduled` bytes: the consumer's outstanding window. */
   windowBytes: number;
   /** For each block key of `scheduled`, the dues of the steps that need it, in step order (kept once Belady eviction asks). */
@@ -67,6 +73,20 @@ interface Consumer {
   /** Versions of the dataset this consumer has moved past (held weakly: they may be gigabytes). */
   replaced: WeakSet<RegisteredDataset>;
 }
+
+/** A step whose blocks read-ahead has warmed, not served yet. */
+interface ScheduledStep {
+  readonly step: number;
+  readonly keys: readonly string[];
+  readonly due: number;
+  readonly bytes: number;
+}
+
+/** Released entries a consumer's queue keeps at its front before it drops them in one go. */
+const RELEASED_KEPT = 64;
+
+/** How often `observe` looks for idle consumers (ms): they are forgotten after minutes, not per step. */
+const IDLE_CHECK_MS = 1000;
 
 /** A scheduled use this far in the past no longer protects its block. */
 const STALE_AFTER_MS = 2000;
@@ -115,6 +135,8 @@ export class ReadAhead {
   /** The last consumer seen and its id: the shm path passes one key object for all its steps. */
   #lastKey: ConsumerKey | undefined;
   #lastId = "";
+  /** When `observe` last looked for idle consumers (clock ms). */
+  #idleCheckedAt = -Infinity;
   /** The id of the consumer last in `#consumers`' recency order (undefined when unknown). */
   #newestId: string | undefined;
 
@@ -211,7 +233,7 @@ export class ReadAhead {
       if (step !== c.step) c.movedAt = now;
       c.step = step;
     } else {
-      c = { key: consumer, reg, step, movedAt: now, seenAt: now, stepSeconds: 0, warmedThrough: step, scheduled: new Map(), windowBytes: 0, dues: new Map(), owed: [], replaced: new WeakSet() };
+      c = { key: consumer, reg, step, movedAt: now, seenAt: now, stepSeconds: 0, warmedThrough: step, scheduled: [], head: 0, windowBytes: 0, dues: new Map(), owed: [], replaced: new WeakSet() };
       if (this.#consumers.size >= this.#opts.maxConsumers) {
         const oldest = this.#consumers.keys().next().value!;
         this.#release(this.#consumers.get(oldest)!, Infinity);
@@ -220,7 +242,10 @@ export class ReadAhead {
       this.#consumers.set(id, c);
       this.#newestId = id;
     }
-    this.#forgetIdle(now);
+    if (now - this.#idleCheckedAt >= IDLE_CHECK_MS) {
+      this.#idleCheckedAt = now;
+      this.#forgetIdle(now);
+    }
     this.#warm(c);
   }
 
@@ -260,7 +285,7 @@ export class ReadAhead {
         if (cache.warm(f.gw, f.binKey, f.bin, blockIndex(packed), k)) this.#blocksWarmed++;
       }
       const bytes = keys.length * blockBytes;
-      c.scheduled.set(s, { keys, due, bytes });
+      c.scheduled.push({ step: s, keys, due, bytes });
       c.windowBytes += bytes;
       c.warmedThrough = s;
     }
@@ -288,7 +313,9 @@ export class ReadAhead {
    */
   #startTracking(): void {
     this.#tracking = true;
-    for (const c of this.#consumers.values()) for (const entry of c.scheduled.values()) this.#schedule(c, entry.keys, entry.due);
+    for (const c of this.#consumers.values()) {
+      for (let i = c.head; i < c.scheduled.length; i++) this.#schedule(c, c.scheduled[i].keys, c.scheduled[i].due);
+    }
   }
 
   /**
@@ -296,25 +323,33 @@ export class ReadAhead {
    * this consumer gave them (another consumer's later use, if any, keeps its own entry).
    */
   #release(c: Consumer, through: number): void {
-    // Steps were scheduled in increasing order, so the map's order is step order, and each
-    // key's due queue starts with the earliest step still scheduled: O(blocks) per step served.
-    for (const [s, entry] of c.scheduled) {
-      if (s > through) break;
+    // Steps were scheduled in increasing order, so the queue is in step order, and each key's due
+    // queue starts with the earliest step still scheduled: O(blocks) per step served.
+    const queue = c.scheduled;
+    let i = c.head;
+    for (; i < queue.length && queue[i].step <= through; i++) {
+      const entry = queue[i];
       c.windowBytes -= entry.bytes;
-      c.scheduled.delete(s);
       if (!this.#tracking) continue;
       for (const k of entry.keys) {
-        const queue = c.dues.get(k)!;
-        queue.shift(); // this step's due
+        const dues = c.dues.get(k)!;
+        dues.shift(); // this step's due
         // A block shared with a later scheduled step of this consumer stays protected until then,
         // and one another consumer needs, until that consumer's step.
-        if (queue.length > 0) continue;
+        if (dues.length > 0) continue;
         c.dues.delete(k);
         const holders = this.#holders.get(k)!;
         if (holders.length === 1) this.#holders.delete(k);
         else holders.splice(holders.indexOf(c), 1);
       }
     }
+    if (i === queue.length) {
+      queue.length = 0;
+      c.head = 0;
+    } else if (i > RELEASED_KEPT) {
+      queue.splice(0, i);
+      c.head = 0;
+    } else c.head = i;
   }
 
   #lastStep(c: Consumer): number {
