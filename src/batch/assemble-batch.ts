@@ -128,18 +128,14 @@ let lastRegId = 0;
  * read-ahead and its batch. The result must not be modified.
  *
  * @param use who asks: a plan made for read-ahead is kept for the batch and the other way round (the second takes it out); `once` keeps nothing (a kept plan is still returned)
+ * @param used false when the caller may still give up on this use (`takeResident`, whose batch may then be assembled by `assembleSamples`): it calls `planUsed` once it has not
  * @throws {RangeNotSatisfiableError} when the run leaves `[0, numSamples)`
  */
-export function planSamples(reg: RegisteredDataset, first: number, count: number, blockBytes: number, use: PlanUse = "batch"): SamplePlan {
-  let id = regIds.get(reg);
-  if (id === undefined) regIds.set(reg, (id = ++lastRegId));
-  const slot = (Math.imul(first, 0x9e3779b1) ^ Math.imul(count + id + blockBytes, 0x85ebca6b)) >>> (32 - PLAN_SLOT_BITS);
+export function planSamples(reg: RegisteredDataset, first: number, count: number, blockBytes: number, use: PlanUse = "batch", used = true): SamplePlan {
+  const slot = planSlot(reg, first, count, blockBytes);
   const e = kept[slot];
-  if (e !== undefined && e.regId === id && e.first === first && e.count === count && e.blockBytes === blockBytes) {
-    if (use !== "once" && use !== e.by) {
-      kept[slot] = undefined;
-      keptBytes -= e.bytes;
-    }
+  if (e !== undefined && e.regId === regIds.get(reg) && e.first === first && e.count === count && e.blockBytes === blockBytes) {
+    if (used) takeOut(slot, use);
     return e.plan;
   }
   const plan = computePlan(reg, first, count, blockBytes);
@@ -151,13 +147,51 @@ export function planSamples(reg: RegisteredDataset, first: number, count: number
       kept.fill(undefined);
       keptBytes = 0;
     }
-    kept[slot] = { regId: id, first, count, blockBytes, plan, bytes, by: use };
+    kept[slot] = { regId: regIds.get(reg)!, first, count, blockBytes, plan, bytes, by: use };
     keptBytes += bytes;
   }
   return plan;
 }
 
+/**
+ * Says that `use` of the plan of samples `[first, first + count)` has happened, for a caller
+ * that asked `planSamples` with `used` false: the plan leaves the table if the other user made it.
+ */
+export function planUsed(reg: RegisteredDataset, first: number, count: number, blockBytes: number, use: PlanUse): void {
+  const slot = planSlot(reg, first, count, blockBytes);
+  const e = kept[slot];
+  if (e !== undefined && e.regId === regIds.get(reg) && e.first === first && e.count === count && e.blockBytes === blockBytes) takeOut(slot, use);
+}
+
+/** The plan table slot of a run of samples (its dataset version numbered on first sight). */
+function planSlot(reg: RegisteredDataset, first: number, count: number, blockBytes: number): number {
+  let id = regIds.get(reg);
+  if (id === undefined) regIds.set(reg, (id = ++lastRegId));
+  return (Math.imul(first, 0x9e3779b1) ^ Math.imul(count + id + blockBytes, 0x85ebca6b)) >>> (32 - PLAN_SLOT_BITS);
+}
+
+/** Takes the plan in `slot` out of the table when `use` is its second user. */
+function takeOut(slot: number, use: PlanUse): void {
+  const e = kept[slot]!;
+  if (use === "once" || use === e.by) return;
+  kept[slot] = undefined;
+  keptBytes -= e.bytes;
+}
+
+/** Set while a plan is made: planning must not re-enter itself (the scratch arrays are shared). */
+let planning = false;
+
 function computePlan(reg: RegisteredDataset, first: number, count: number, blockBytes: number): SamplePlan {
+  if (planning) throw new Error("Planning re-entered itself: its scratch arrays would be overwritten");
+  planning = true;
+  try {
+    return planInScratch(reg, first, count, blockBytes);
+  } finally {
+    planning = false;
+  }
+}
+
+function planInScratch(reg: RegisteredDataset, first: number, count: number, blockBytes: number): SamplePlan {
   const ds = reg.dataset;
   if (first + count > ds.numSamples) {
     throw new RangeNotSatisfiableError(
@@ -545,7 +579,9 @@ export interface ResidentRun {
  */
 export function takeResident(cache: BlockCache, reg: RegisteredDataset, first: number, count: number, maxBytes: number): ResidentRun | undefined {
   const bytes = checkedBodyBytes(reg, count, maxBytes);
-  const plan = planSamples(reg, first, count, cache.blockBytes);
+  // Not the batch's use yet: a block missing sends the batch through assembleSamples, which then
+  // finds read-ahead's plan still kept.
+  const plan = planSamples(reg, first, count, cache.blockBytes, "batch", false);
   const keys = blockKeys(cache, reg, plan);
   const got = new Array<Uint8Array>(keys.length);
   for (let pos = 0; pos < keys.length; pos++) {
@@ -553,6 +589,7 @@ export function takeResident(cache: BlockCache, reg: RegisteredDataset, first: n
     if (block === undefined) return undefined;
     got[pos] = block;
   }
+  planUsed(reg, first, count, cache.blockBytes, "batch");
   cache.countMemoryHits(got.length);
   return { first, count, bytes, plan, got };
 }

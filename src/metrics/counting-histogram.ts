@@ -25,10 +25,12 @@ export class HistogramSeries {
   sum = 0;
   count = 0;
   readonly #bounds: Float64Array;
+  readonly #onFirst: (s: HistogramSeries) => void;
 
   /** @internal made by `CountingHistogram.series` */
-  constructor(readonly labels: Readonly<Record<string, string>>, bounds: Float64Array) {
+  constructor(readonly labels: Readonly<Record<string, string>>, bounds: Float64Array, onFirst: (s: HistogramSeries) => void) {
     this.#bounds = bounds;
+    this.#onFirst = onFirst;
     this.counts = new Float64Array(bounds.length + 1);
   }
 
@@ -38,6 +40,7 @@ export class HistogramSeries {
    */
   observe(value: number, n = 1): void {
     if (!Number.isFinite(value)) return;
+    if (this.count === 0) this.#onFirst(this);
     const bounds = this.#bounds;
     let b = 0;
     while (b < bounds.length && value > bounds[b]) b++;
@@ -75,6 +78,8 @@ export class CountingHistogram {
   readonly #labelNames: readonly string[];
   readonly #bounds: Float64Array;
   readonly #series = new Map<string, HistogramSeries>();
+  /** Series in the order of their first observation (since the last reset): prom-client's order. */
+  #observed: HistogramSeries[] = [];
 
   /**
    * @param opts name, help, label names, bucket bounds and the registries to join
@@ -104,7 +109,7 @@ export class CountingHistogram {
     const key = values.join("\u0000");
     let s = this.#series.get(key);
     if (s === undefined) {
-      s = new HistogramSeries(Object.fromEntries(this.#labelNames.map((l, i) => [l, values[i]])), this.#bounds);
+      s = new HistogramSeries(Object.fromEntries(this.#labelNames.map((l, i) => [l, values[i]])), this.#bounds, (first) => this.#observed.push(first));
       this.#series.set(key, s);
     }
     return s;
@@ -112,6 +117,7 @@ export class CountingHistogram {
 
   /** Forgets every observation (prom-client's `resetMetrics`); series already handed out restart from zero. */
   reset(): void {
+    this.#observed = [];
     for (const s of this.#series.values()) {
       s.counts.fill(0);
       s.sum = 0;
@@ -123,8 +129,8 @@ export class CountingHistogram {
   getForPromString(): { name: string; help: string; type: string; aggregator: string; values: MetricValue[] } {
     const values: MetricValue[] = [];
     const bucket = `${this.name}_bucket`;
-    for (const s of this.#series.values()) {
-      if (s.count === 0) continue; // as prom-client: a series appears with its first observation
+    // As prom-client: a series appears with its first observation, in that order.
+    for (const s of this.#observed) {
       let acc = 0;
       for (let b = 0; b < this.#bounds.length; b++) {
         acc += s.counts[b];

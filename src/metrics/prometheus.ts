@@ -71,6 +71,8 @@ export class Metrics {
    * of three timings each). As many as the registered names ever reported on.
    */
   readonly #stepSeries = new Map<string, StepSeries>();
+  /** The (dataset, healthy) counts of `rackfeed_steps_total` in the order they were first counted. */
+  readonly #stepCounts: [dataset: string, healthy: boolean][] = [];
   /**
    * Consumers' look-ahead, taken once per scrape: planning it costs up to `--read-ahead-max-steps`
    * plans per consumer, and four metrics read it (a scrape with 4096 consumers took 2 s when each
@@ -272,12 +274,11 @@ export class Metrics {
     this.#tH2d = stepHistogram("rackfeed_t_h2d_seconds", "Trainer-reported host-to-device copy time of a batch");
     this.#tCompute = stepHistogram("rackfeed_t_compute_seconds", "Trainer-reported compute time of a step");
     counter("rackfeed_steps_total", "Reported steps with all three timings; healthy when t_wait + t_h2d < t_compute", ["dataset", "healthy"], () => {
-      const out: Sample[] = [];
-      for (const [dataset, s] of this.#stepSeries) {
-        if (s.healthy > 0) out.push([{ dataset, healthy: "true" }, s.healthy]);
-        if (s.unhealthy > 0) out.push([{ dataset, healthy: "false" }, s.unhealthy]);
-      }
-      return out;
+      // In the order each count was first reached, as prom-client orders a counter's series.
+      return this.#stepCounts.map(([dataset, healthy]) => {
+        const s = this.#stepSeries.get(dataset)!;
+        return [{ dataset, healthy: String(healthy) }, healthy ? s.healthy : s.unhealthy] as Sample;
+      });
     });
 
     this.fillSeconds = new Histogram({
@@ -300,8 +301,8 @@ export class Metrics {
     if (s.t_h2d !== undefined) series.h2d.observe(s.t_h2d);
     if (s.t_compute !== undefined) series.compute.observe(s.t_compute);
     if (s.t_wait !== undefined && s.t_h2d !== undefined && s.t_compute !== undefined) {
-      if (s.t_wait + s.t_h2d < s.t_compute) series.healthy++;
-      else series.unhealthy++;
+      const healthy = s.t_wait + s.t_h2d < s.t_compute;
+      if ((healthy ? series.healthy++ : series.unhealthy++) === 0) this.#stepCounts.push([dataset, healthy]);
     }
   }
 

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { assembleSamples, blockSource, planSamples } from "../../src/batch/assemble-batch.ts";
+import { assembleSamples, blockSource, planSamples, takeResident } from "../../src/batch/assemble-batch.ts";
 import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { encodeIndex, readSample } from "../../src/dataset/mod.ts";
 import { patternBytes } from "../helpers/rackfeed.ts";
@@ -46,6 +46,7 @@ describe("batch planning", () => {
     expect(planSamples(reg, 160, 8, 8192, "once")).toBe(first); // a one-off use takes nothing out
     expect(planSamples(reg, 160, 8, 8192, "read-ahead")).toBe(first);
     expect(planSamples(reg, 160, 8, 8192, "read-ahead")).not.toBe(first);
+
     // The kept plan assembles the same bytes as the HTTP route.
     const viaPlan = await assembleSamples(rf.server.cache, reg, 40, 16, 2 ** 30);
     const viaHttp = new Uint8Array(await (await fetch(`${rf.url}/v1/datasets/d/samples?start=40&count=16`)).arrayBuffer());
@@ -60,6 +61,39 @@ describe("batch planning", () => {
     const rebuilt = await rf.server.datasets.get("d");
     expect(rebuilt).not.toBe(reg);
     expect(planSamples(rebuilt, 40, 16, 8192)).not.toBe(plan);
+  });
+
+  it("keeps read-ahead's plan for the batch when the batch's blocks turn out not to be in memory", async () => {
+    const reg = await rf.server.datasets.get("d");
+    const cache = rf.server.cache;
+    // Samples 2400… have not been read yet: takeResident gives up, and assembleSamples then reads the batch.
+    const ahead = planSamples(reg, 2400, 8, cache.blockBytes, "read-ahead");
+    expect(takeResident(cache, reg, 2400, 8, 2 ** 30)).toBeUndefined();
+    expect(planSamples(reg, 2400, 8, cache.blockBytes, "once")).toBe(ahead); // still kept
+    await assembleSamples(cache, reg, 2400, 8, 2 ** 30); // the batch's use: reads its blocks, takes the plan out
+    expect(planSamples(reg, 2400, 8, cache.blockBytes, "once")).not.toBe(ahead);
+    // Resident now: a takeResident that succeeds is the batch's use, and takes read-ahead's plan out.
+    const again = planSamples(reg, 2400, 8, cache.blockBytes, "read-ahead");
+    expect(takeResident(cache, reg, 2400, 8, 2 ** 30)?.plan).toBe(again);
+    expect(planSamples(reg, 2400, 8, cache.blockBytes, "once")).not.toBe(again);
+  });
+
+  it("refuses to plan from inside a plan (the scratch arrays are shared)", async () => {
+    const reg = await rf.server.datasets.get("d");
+    const ds = reg.dataset as { planSample: (i: number, out: Float64Array, at?: number) => number };
+    const own = Object.getOwnPropertyDescriptor(ds, "planSample");
+    const inner = ds.planSample.bind(ds);
+    ds.planSample = (i, out, at) => {
+      planSamples(reg, 0, 2, 8192, "once"); // re-entered
+      return inner(i, out, at);
+    };
+    try {
+      expect(() => planSamples(reg, 2800, 4, 8192, "once")).toThrow(/re-entered/);
+    } finally {
+      if (own) Object.defineProperty(ds, "planSample", own);
+      else delete (ds as Record<string, unknown>).planSample;
+    }
+    expect(planSamples(reg, 2800, 4, 8192, "once").segmentCount).toBeGreaterThan(0); // planning works again
   });
 
   it("widens a blend of uint16 and int32 sources to int32, token for token, across block boundaries", async () => {

@@ -14,6 +14,8 @@ describe("CountingHistogram", () => {
       ["web", "hit", 0.0005], ["web", "hit", 0.001], ["web", "hit", 0.0011], ["web", "miss", 0.5],
       ["code", "hit", 3], ["code", "hit", 0], ["web", "hit", 0.09],
     ];
+    h.series("code", "miss"); // resolved before any other, observed last: rendered last, as prom-client orders series
+    observations.push(["code", "miss", 0.02]);
     for (const [dataset, cache, v] of observations) {
       h.series(dataset, cache).observe(v);
       p.observe({ dataset, cache }, v);
@@ -38,6 +40,12 @@ describe("CountingHistogram", () => {
     expect(text).toContain('y_seconds_count{cache="hit"} 16');
     reg.resetMetrics();
     expect(await reg.metrics()).not.toContain("y_seconds_count");
+    // After a reset, series come back in the order of their new first observations.
+    const miss = h.series("miss");
+    miss.observe(0.5);
+    hit.observe(0.5);
+    const again = await reg.metrics();
+    expect(again.indexOf('cache="miss"')).toBeLessThan(again.indexOf('cache="hit"'));
   });
 
   it("refuses bounds that are not increasing and label values that do not match the names", () => {
