@@ -52,7 +52,7 @@ if [ -n "$OTHER" ]; then
   [ -e "$OTHER/node_modules" ] || ln -s "$HERE/node_modules" "$OTHER/node_modules"
   [ -e "$OTHER/native/build" ] || { mkdir -p "$OTHER/native" && ln -s "$HERE/native/build" "$OTHER/native/build"; }
 fi
-DENO=$HERE/node_modules/.bin/deno
+DENO=${DENO:-$HERE/node_modules/.bin/deno}
 WORK=$(mktemp -d)
 SERVER=
 cleanup() {
