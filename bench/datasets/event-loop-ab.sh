@@ -12,7 +12,7 @@
 # run, each a new consumer), RUNTIME=node|deno (the server's), SERVER_FLAGS="" (more serve flags,
 # e.g. "--native-gather-threads 4" for groups of steps copied on a thread), FRESH=1 (one consumer
 # over PASSES × 1500 distinct steps, as a trainer's epoch: every step planned once, where the
-# passes over the same 1500 steps find many plans made before).
+# passes over the same 1500 steps find many plans made before), PREFETCH=3 (the client's depth).
 # Needs the uint16 dataset and plan of bench/datasets/warm-batches.ts (run that once first), and
 # python3-numpy: each round starts with the baseline, numpy's memmap gather of the same batches
 # (bench/datasets/numpy_gather.py, 2 timed passes, alone on the box).
@@ -38,9 +38,11 @@ FRESH=${FRESH:-}
 # Steps of the dataset, and the client's flags: passes over 1500 steps, or one consumer over all.
 EPOCH_STEPS=$STEPS
 CLIENT_MODE=()
+# PREFETCH=N: the client's prefetch depth (its ring has N+1 slots; groups of steps need 4+).
+[ -n "${PREFETCH:-}" ] && CLIENT_MODE+=("--prefetch=$PREFETCH")
 if [ -n "$FRESH" ]; then
   EPOCH_STEPS=$((STEPS * PASSES))
-  CLIENT_MODE=(--continuous)
+  CLIENT_MODE+=(--continuous)
 fi
 if [ ! -f "$DATA/u16.bin" ] || [ ! -f "$PLAN" ]; then
   echo "No $DATA/u16.bin or $PLAN: run 'node --import tsx bench/datasets/warm-batches.ts' once first (it writes both)" >&2

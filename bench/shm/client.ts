@@ -3,7 +3,7 @@
  * shared-memory path with the SDK and prints one JSON line of figures. On Deno the ring is mapped
  * (zero copies); on Node it is read with pread into a reused buffer.
  *
- * Run: deno run -A bench/shm/client.ts URL DATASET MICRO_BATCH STEPS PASSES [--hash] [--continuous]
+ * Run: deno run -A bench/shm/client.ts URL DATASET MICRO_BATCH STEPS PASSES [--hash] [--continuous] [--prefetch=N]
  *  or: node --import tsx bench/shm/client.ts ...
  * Output: {"runtime", "transport", "batches", "seconds", "bytes", "p50", "p99", "firstWait",
  * "hashes"?, "lat"?} (latencies = t_wait: how long each `next()` blocked; the first pass is
@@ -25,6 +25,8 @@ const microBatch = Number(mbText);
 const steps = Number(stepsText);
 const passes = Number(passesText);
 const deadline = Date.now() + 5 * 60_000;
+// Batches the SDK keeps filled ahead (its ring has one slot more): --prefetch=N, default 3.
+const prefetch = Number(args.find((a) => a.startsWith("--prefetch="))?.slice("--prefetch=".length) ?? 3);
 
 // A computed specifier: the Deno transport uses FFI types that Node's type check does not know.
 const mod = isDeno ? "../../src/client/deno.ts" : "../../src/client/node.ts";
@@ -39,7 +41,7 @@ const hashes: string[] = [];
 // The untimed pass covers the steps the timed one reads: the server then holds their plans, as it
 // does for the HTTP rows' steps (a run on fresh steps would pay planning that a run after it
 // does not).
-for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep, prefetch: 3 })) {
+for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep, prefetch })) {
   if (hash) {
     const d = await crypto.subtle.digest("SHA-256", new Uint8Array(b.tokens.buffer as ArrayBuffer, b.tokens.byteOffset, b.tokens.byteLength));
     hashes.push([...new Uint8Array(d)].map((x) => x.toString(16).padStart(2, "0")).join(""));
@@ -50,7 +52,7 @@ let firstWait = NaN;
 let bytes = 0;
 const t0 = performance.now();
 for (let p = 0; p < (continuous ? 1 : passes) && Date.now() < deadline; p++) {
-  for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep, prefetch: 3 })) {
+  for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep, prefetch })) {
     if (lat.length === 0) firstWait = b.waitSeconds;
     lat.push(b.waitSeconds);
     bytes += b.tokens.byteLength;
