@@ -10,6 +10,8 @@ import { planGptWindow, readGptIndexes } from "./sample-plan.ts";
 
 /** The items whose indexes `readIndexes` reads, reused (no allocation per batch). */
 let itemScratch = new Uint32Array(64);
+/** The most samples whose index entries `readIndexes` reads at once. */
+const MAX_INDEX_READS = 1024;
 import { type SequenceRange, splitRange } from "./split.ts";
 
 /** One source of a built dataset: its file, split range and `GPTDataset` indexes. */
@@ -118,9 +120,9 @@ export interface TokenDataset {
    */
   planSample(i: number, out: Float64Array, at?: number): number;
   /**
-   * Reads the index entries that planning samples `[first, first + count)` will read, level by
-   * level across the samples, so that their cache misses overlap (see `readGptIndexes`); the
-   * planning that follows then finds them in cache. Changes nothing.
+   * Reads the index entries that planning samples `[first, first + count)` will read (of the first
+   * 1024 of them), level by level across the samples, so that their cache misses overlap (see
+   * `readGptIndexes`); the planning that follows then finds them in cache. Changes nothing.
    *
    * @returns a number that depends on the entries read
    */
@@ -325,7 +327,9 @@ class BuiltTokenDataset implements TokenDataset {
 
   readIndexes(first: number, count: number): number {
     const from = Math.max(0, first);
-    const n = Math.min(first + count, this.length) - from;
+    // The first MAX_INDEX_READS only: a batch of many samples is bound by its copy, and the
+    // scratch arrays stay small.
+    const n = Math.min(first + count, this.length, from + MAX_INDEX_READS) - from;
     if (n <= 0) return 0;
     if (itemScratch.length < n) itemScratch = new Uint32Array(n * 2);
     const items = itemScratch;

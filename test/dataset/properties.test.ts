@@ -230,4 +230,12 @@ describe("properties", () => {
       { numRuns: 100 },
     );
   });
+
+  it("readIndexes() reads ahead the first 1024 samples of a larger batch only", () => {
+    const config = parseDatasetConfig({ sources: [{ prefix: "p" }], seq_length: 8, seed: 3, split: "100,0,0", split_index: 0, num_samples: 3000 });
+    const lens = Array.from({ length: 400 }, (_, i) => 5 + ((i * 37) % 50));
+    const ds = buildTokenDataset(config, [parseIndex(encodeIndex({ dtypeCode: 8, lengths: lens }), { path: "p.idx" })]);
+    expect(ds.readIndexes(0, 3000)).toBe(ds.readIndexes(0, 1024));
+    expect(ds.readIndexes(0, 1024)).toBeGreaterThan(ds.readIndexes(0, 1023));
+  });
 });
