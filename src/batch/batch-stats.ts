@@ -29,9 +29,10 @@ export type BatchCost = Pick<
 export function classifySlowBatch(c: BatchCost): SlowBatchCause {
   if (c.copySeconds >= c.fetchSeconds || c.fromMemory === c.blocksTotal) return "assembly";
   if (c.blocksMissing > 0 && c.fromOrigin > 0) return "readahead_exhausted";
-  if (c.blocksFilling > 0 || c.fromOrigin > 0) return "origin_slow";
+  if (c.fromOrigin > 0) return "origin_slow";
+  // Fills already in flight that came from the NVMe tier (read-ahead's disk reads) are the disk's.
   if (c.fromDisk > 0) return "disk_slow";
-  return "assembly";
+  return c.blocksFilling > 0 ? "origin_slow" : "assembly";
 }
 
 /** One slow batch, as the dashboard lists it. */

@@ -31,6 +31,8 @@ describe("classifySlowBatch", () => {
   });
   it("blames the disk when the wait was for NVMe reads", () => {
     expect(classifySlowBatch({ ...base, fromMemory: 2, fromDisk: 6, blocksMissing: 6, fetchSeconds: 0.3, copySeconds: 0.001 })).toBe("disk_slow");
+    // Also when read-ahead had started those reads and they were still arriving (nothing from the origin).
+    expect(classifySlowBatch({ ...base, fromMemory: 2, fromDisk: 8, blocksMissing: 2, blocksFilling: 6, blocksTotal: 10, fetchSeconds: 0.1074, copySeconds: 0.0001 })).toBe("disk_slow");
   });
 });
 
