@@ -5,6 +5,8 @@
 #
 #   bash bench/datasets/event-loop-ab.sh [OTHER_CHECKOUT]
 #
+# Each round runs OTHER_CHECKOUT first, and running first was worth up to ~10 % on a 2-core box:
+# for a small difference, run the script from the other tree too (order reversed).
 # OTHER_CHECKOUT: a tree of another commit, e.g. `git worktree add /tmp/base HEAD~3` or
 # `mkdir /tmp/base && git archive REV | tar -x -C /tmp/base` (it uses this checkout's node_modules
 # and native/build when it has none). Without it, only this checkout is measured.
