@@ -118,6 +118,16 @@ export type PlanUse = "read-ahead" | "batch" | "once";
  */
 const kept = new Array<KeptPlan | undefined>(PLAN_SLOTS);
 let keptBytes = 0;
+
+/**
+ * Plans taken out of `kept` lately, in a small table of their own (a newer one replaces one in
+ * its slot): a few milliseconds of steps, so they still die young.
+ */
+const TAKEN_SLOTS = 256;
+const TAKEN_MASK = TAKEN_SLOTS - 1;
+const taken = new Array<KeptPlan | undefined>(TAKEN_SLOTS);
+/** The largest plan kept in `taken` (a token batch's is ~1–2 KB): the table stays small whatever is asked. */
+const MAX_TAKEN_PLAN_BYTES = 64 * 1024;
 /** A number per registered dataset version (a rebuilt dataset is a new object, so its plans are new too). */
 const regIds = new WeakMap<RegisteredDataset, number>();
 let lastRegId = 0;
@@ -133,11 +143,16 @@ let lastRegId = 0;
  */
 export function planSamples(reg: RegisteredDataset, first: number, count: number, blockBytes: number, use: PlanUse = "batch", used = true): SamplePlan {
   const slot = planSlot(reg, first, count, blockBytes);
+  const id = regIds.get(reg)!;
   const e = kept[slot];
-  if (e !== undefined && e.regId === regIds.get(reg) && e.first === first && e.count === count && e.blockBytes === blockBytes) {
+  if (e !== undefined && e.regId === id && e.first === first && e.count === count && e.blockBytes === blockBytes) {
     if (used) takeOut(slot, use);
     return e.plan;
   }
+  // Taken out a moment ago: another reader of the same step (tensor-parallel ranks read one
+  // data-parallel rank's batches) finds it here rather than planning it again.
+  const t = taken[slot & TAKEN_MASK];
+  if (t !== undefined && t.regId === id && t.first === first && t.count === count && t.blockBytes === blockBytes) return t.plan;
   const plan = computePlan(reg, first, count, blockBytes);
   const bytes = (plan.segments.length + plan.blocks.length) * 8 + 256;
   if (use !== "once" && bytes <= PLAN_CACHE_BYTES / 16) {
@@ -163,6 +178,13 @@ export function planUsed(reg: RegisteredDataset, first: number, count: number, b
   if (e !== undefined && e.regId === regIds.get(reg) && e.first === first && e.count === count && e.blockBytes === blockBytes) takeOut(slot, use);
 }
 
+/** How many plans the plan table keeps and their bytes (for tests and diagnostics). */
+export function keptPlans(): { readonly plans: number; readonly bytes: number } {
+  let plans = 0;
+  for (const e of kept) if (e !== undefined) plans++;
+  return { plans, bytes: keptBytes };
+}
+
 /** The plan table slot of a run of samples (its dataset version numbered on first sight). */
 function planSlot(reg: RegisteredDataset, first: number, count: number, blockBytes: number): number {
   let id = regIds.get(reg);
@@ -176,6 +198,7 @@ function takeOut(slot: number, use: PlanUse): void {
   if (use === "once" || use === e.by) return;
   kept[slot] = undefined;
   keptBytes -= e.bytes;
+  if (e.bytes <= MAX_TAKEN_PLAN_BYTES) taken[slot & TAKEN_MASK] = e;
 }
 
 /** Set while a plan is made: planning must not re-enter itself (the scratch arrays are shared). */
