@@ -42,6 +42,8 @@ export interface AssembledBatch {
   readonly shape: readonly [number, number];
   /** Blocks that were neither in memory nor being filled when the batch was asked for. */
   readonly blocksMissing: number;
+  /** Of `blocksMissing`, those read from the origin (the others came from the NVMe tier). */
+  readonly missingFromOrigin: number;
   /** Blocks whose fill (usually started by read-ahead) was still in flight. */
   readonly blocksFilling: number;
   /** Where the blocks came from: already in memory, or a disk or origin fill started or joined. */
@@ -126,8 +128,8 @@ let keptBytes = 0;
 const TAKEN_SLOTS = 256;
 const TAKEN_MASK = TAKEN_SLOTS - 1;
 const taken = new Array<KeptPlan | undefined>(TAKEN_SLOTS);
-/** The largest plan kept in `taken` (a token batch's is ~1–2 KB): the table stays small whatever is asked. */
-const MAX_TAKEN_PLAN_BYTES = 64 * 1024;
+/** The largest plan kept in `taken` (a token batch's is ~1–2 KB): at most 4 MiB stay there, whatever is asked. */
+const MAX_TAKEN_PLAN_BYTES = 16 * 1024;
 /** A number per registered dataset version (a rebuilt dataset is a new object, so its plans are new too). */
 const regIds = new WeakMap<RegisteredDataset, number>();
 let lastRegId = 0;
@@ -387,6 +389,7 @@ export async function assembleSamples(
   const blockBytes = cache.blockBytes;
   const plan = planSamples(reg, first, count, blockBytes);
   let missing = 0;
+  let missingFromOrigin = 0;
   let filling = 0;
   const from = { memory: 0, disk: 0, origin: 0 };
   // The plan's blocks in its order: segments name their block by position here.
@@ -405,10 +408,12 @@ export async function assembleSamples(
     const packed = plan.blocks[pos];
     const f = reg.files[blockSource(packed)];
     const index = blockIndex(packed);
-    if (cache.filling(f.gw, f.binKey, f.bin, index)) filling++;
-    else missing++;
+    const wasMissing = !cache.filling(f.gw, f.binKey, f.bin, index);
+    if (wasMissing) missing++;
+    else filling++;
     (fetches ??= []).push(cache.blockFrom(f.gw, f.binKey, f.bin, index).then((b) => {
       from[b.source]++;
+      if (wasMissing && b.source === "origin") missingFromOrigin++;
       got[pos] = b.bytes;
     }));
   }
@@ -434,6 +439,7 @@ export async function assembleSamples(
     dtype: ds.dtype,
     shape: [count, w],
     blocksMissing: missing,
+    missingFromOrigin,
     blocksFilling: filling,
     blocksTotal: plan.blocks.length,
     fromMemory: from.memory,
@@ -687,6 +693,7 @@ export async function copyResidentRuns(
     dtype: ds.dtype,
     shape: [r.count, ds.windowLength] as const,
     blocksMissing: 0,
+    missingFromOrigin: 0,
     blocksFilling: 0,
     blocksTotal: r.got.length,
     fromMemory: r.got.length,

@@ -14,7 +14,7 @@ export const SLOW_BATCH_CAUSES: readonly SlowBatchCause[] = ["readahead_exhauste
 /** The numbers a slow batch is judged on. */
 export type BatchCost = Pick<
   AssembledBatch,
-  "blocksTotal" | "blocksMissing" | "blocksFilling" | "fromMemory" | "fromDisk" | "fromOrigin" | "fetchSeconds" | "copySeconds"
+  "blocksTotal" | "blocksMissing" | "missingFromOrigin" | "blocksFilling" | "fromMemory" | "fromDisk" | "fromOrigin" | "fetchSeconds" | "copySeconds"
 >;
 
 /**
@@ -28,7 +28,9 @@ export type BatchCost = Pick<
  */
 export function classifySlowBatch(c: BatchCost): SlowBatchCause {
   if (c.copySeconds >= c.fetchSeconds || c.fromMemory === c.blocksTotal) return "assembly";
-  if (c.blocksMissing > 0 && c.fromOrigin > 0) return "readahead_exhausted";
+  // Blocks nobody had started fetching that came from the origin (not those read from NVMe while
+  // read-ahead's origin fills were late: that wait is the origin's).
+  if (c.missingFromOrigin > 0) return "readahead_exhausted";
   if (c.fromOrigin > 0) return "origin_slow";
   // Fills already in flight that came from the NVMe tier (read-ahead's disk reads) are the disk's.
   if (c.fromDisk > 0) return "disk_slow";
@@ -109,6 +111,7 @@ export class BatchStats {
       cause,
       blocksTotal: batch.blocksTotal,
       blocksMissing: batch.blocksMissing,
+      missingFromOrigin: batch.missingFromOrigin,
       blocksFilling: batch.blocksFilling,
       fromMemory: batch.fromMemory,
       fromDisk: batch.fromDisk,
@@ -121,7 +124,7 @@ export class BatchStats {
     this.#opts.log(
       `slow batch: ${dataset} ${entry.request} took ${(seconds * 1000).toFixed(1)} ms, cause ${cause} ` +
         `(blocks ${batch.blocksTotal}: ${batch.fromMemory} memory, ${batch.fromDisk} disk, ${batch.fromOrigin} origin; ` +
-        `${batch.blocksMissing} not yet fetched, ${batch.blocksFilling} still arriving; ` +
+        `${batch.blocksMissing} not yet fetched (${batch.missingFromOrigin} from the origin), ${batch.blocksFilling} still arriving; ` +
         `wait ${(batch.fetchSeconds * 1000).toFixed(1)} ms, copy ${(batch.copySeconds * 1000).toFixed(1)} ms)`,
     );
     return cause;

@@ -10,6 +10,7 @@ import { putSyntheticDataset } from "../helpers/token-data.ts";
 const base: BatchCost = {
   blocksTotal: 8,
   blocksMissing: 0,
+  missingFromOrigin: 0,
   blocksFilling: 0,
   fromMemory: 8,
   fromDisk: 0,
@@ -24,10 +25,12 @@ describe("classifySlowBatch", () => {
     expect(classifySlowBatch({ ...base, fromMemory: 4, fromOrigin: 4, blocksMissing: 4, fetchSeconds: 0.1, copySeconds: 0.3 })).toBe("assembly");
   });
   it("blames exhausted read-ahead when unfetched blocks had to come from the origin", () => {
-    expect(classifySlowBatch({ ...base, fromMemory: 5, fromOrigin: 3, blocksMissing: 3, fetchSeconds: 0.3, copySeconds: 0.001 })).toBe("readahead_exhausted");
+    expect(classifySlowBatch({ ...base, fromMemory: 5, fromOrigin: 3, blocksMissing: 3, missingFromOrigin: 3, fetchSeconds: 0.3, copySeconds: 0.001 })).toBe("readahead_exhausted");
   });
   it("blames the origin when read-ahead had started the fills but they were late", () => {
     expect(classifySlowBatch({ ...base, fromMemory: 5, fromOrigin: 3, blocksFilling: 3, fetchSeconds: 0.3, copySeconds: 0.001 })).toBe("origin_slow");
+    // Also when the blocks nobody had started came from NVMe and only read-ahead's fills from the origin.
+    expect(classifySlowBatch({ ...base, fromMemory: 2, fromDisk: 2, fromOrigin: 5, blocksMissing: 2, blocksFilling: 5, blocksTotal: 9, fetchSeconds: 0.3, copySeconds: 0.001 })).toBe("origin_slow");
   });
   it("blames the disk when the wait was for NVMe reads", () => {
     expect(classifySlowBatch({ ...base, fromMemory: 2, fromDisk: 6, blocksMissing: 6, fetchSeconds: 0.3, copySeconds: 0.001 })).toBe("disk_slow");
