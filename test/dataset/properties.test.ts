@@ -231,6 +231,25 @@ describe("properties", () => {
     );
   });
 
+  it("readIndexes() reads the same entries when a batch's documents outnumber its scratch (4096)", () => {
+    // Documents of 1–3 tokens in windows of 2049: ~1000 documents per sample, ~8000 for 8 samples.
+    const config = parseDatasetConfig({ sources: [{ prefix: "p" }], seq_length: 2048, seed: 5, split: "100,0,0", split_index: 0, num_samples: 40 });
+    const lens = Array.from({ length: 60_000 }, (_, i) => 1 + (i % 3));
+    const ds = buildTokenDataset(config, [parseIndex(encodeIndex({ dtypeCode: 8, lengths: lens }), { path: "p.idx" })]);
+    const { gpt, index } = ds.sources[0];
+    let expected = 0;
+    let docs = 0;
+    for (let i = 0; i < 8; i++) {
+      const row = gpt.shuffleIndex[i];
+      expected += gpt.sampleOffsets[row];
+      for (let p = gpt.samplePositions[row]; p <= gpt.samplePositions[row + 1]; p++, docs++) {
+        expected += index.pointers[gpt.documentIndex[p]] + index.lengths[gpt.documentIndex[p]];
+      }
+    }
+    expect(docs).toBeGreaterThan(4096);
+    expect(ds.readIndexes(0, 8)).toBe(expected);
+  });
+
   it("readIndexes() reads ahead the first 1024 samples of a larger batch only", () => {
     const config = parseDatasetConfig({ sources: [{ prefix: "p" }], seq_length: 8, seed: 3, split: "100,0,0", split_index: 0, num_samples: 3000 });
     const lens = Array.from({ length: 400 }, (_, i) => 5 + ((i * 37) % 50));
