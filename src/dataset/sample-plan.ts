@@ -84,12 +84,12 @@ let endScratch = new Uint32Array(64);
 const docScratch = new Uint32Array(4096);
 
 /**
- * Reads the index entries that planning `items` of one `GPTDataset` will
- * read (shuffle row, sample positions and offset, documents, their pointers and lengths), level
- * by level across the items. Planning one item at a time is a chain of dependent loads, each a
- * cache miss in a large dataset while batches stream through the cache (~0.5 µs per item); here
- * the loads of one level are independent of each other, so the processor overlaps their misses,
- * and the planning that follows finds the entries in cache.
+ * Reads the index entries that planning `items` of one `GPTDataset` will read (shuffle row,
+ * sample positions and offset, documents, their pointers and lengths), level by level across the
+ * items. Planning one item at a time is a chain of dependent loads, each a cache miss in a large
+ * dataset while batches stream through the cache (~0.5 µs per item); here the loads of one level
+ * are independent of each other, so the processor overlaps their misses, and the planning that
+ * follows finds the entries in cache.
  *
  * @param items the items, `count` of them
  * @returns a number that depends on every entry read (so the reads cannot be left out)

@@ -7,12 +7,13 @@ import { buildGptIndices, type GptIndices } from "./gpt-indices.ts";
 import { checkBinSize, type IndexedDatasetIndex, type TokenDtype } from "./indexed-dataset.ts";
 import { normalize } from "./numpy-math.ts";
 import { planGptWindow, readGptIndexes } from "./sample-plan.ts";
+import { type SequenceRange, splitRange } from "./split.ts";
 
-/** The items whose indexes `readIndexes` reads, reused (no allocation per batch). */
-let itemScratch = new Uint32Array(64);
 /** The most samples whose index entries `readIndexes` reads at once. */
 const MAX_INDEX_READS = 1024;
-import { type SequenceRange, splitRange } from "./split.ts";
+/** The items whose indexes `readIndexes` reads, and which of a blend's samples it has read: reused, no allocation per batch. */
+const itemScratch = new Uint32Array(MAX_INDEX_READS);
+const readScratch = new Uint8Array(MAX_INDEX_READS);
 
 /** One source of a built dataset: its file, split range and `GPTDataset` indexes. */
 export interface TokenDatasetSource {
@@ -331,19 +332,27 @@ class BuiltTokenDataset implements TokenDataset {
     // scratch arrays stay small.
     const n = Math.min(first + count, this.length, from + MAX_INDEX_READS) - from;
     if (n <= 0) return 0;
-    if (itemScratch.length < n) itemScratch = new Uint32Array(n * 2);
     const items = itemScratch;
     const blend = this.blend;
     if (blend === undefined) {
       for (let k = 0; k < n; k++) items[k] = from + k;
       return readGptIndexes(this.sources[0].gpt, this.sources[0].index, items, n);
     }
-    // A blend's samples come from several sources: read each source's items together.
+    // A blend's samples come from a few of its sources: read each of those sources' items
+    // together, a pass per source present (not per source of the blend, which may have hundreds).
+    const read = readScratch;
+    read.fill(0, 0, n);
     let acc = 0;
-    for (let src = 0; src < this.sources.length; src++) {
+    for (let k0 = 0; k0 < n; k0++) {
+      if (read[k0]) continue;
+      const src = blend.datasetIndex[from + k0];
       let m = 0;
-      for (let i = from; i < from + n; i++) if (blend.datasetIndex[i] === src) items[m++] = blend.datasetSampleIndex[i];
-      if (m > 0) acc += readGptIndexes(this.sources[src].gpt, this.sources[src].index, items, m);
+      for (let k = k0; k < n; k++) {
+        if (read[k] || blend.datasetIndex[from + k] !== src) continue;
+        read[k] = 1;
+        items[m++] = blend.datasetSampleIndex[from + k];
+      }
+      acc += readGptIndexes(this.sources[src].gpt, this.sources[src].index, items, m);
     }
     return acc;
   }
