@@ -147,14 +147,14 @@ export function planSamples(reg: RegisteredDataset, first: number, count: number
   const slot = planSlot(reg, first, count, blockBytes);
   const id = regIds.get(reg)!;
   const e = kept[slot];
-  if (e !== undefined && e.regId === id && e.first === first && e.count === count && e.blockBytes === blockBytes) {
+  if (isPlanOf(e, id, first, count, blockBytes)) {
     if (used) takeOut(slot, use);
-    return e.plan;
+    return e!.plan;
   }
   // Taken out a moment ago: another reader of the same step (tensor-parallel ranks read one
   // data-parallel rank's batches) finds it here rather than planning it again.
   const t = taken[slot & TAKEN_MASK];
-  if (t !== undefined && t.regId === id && t.first === first && t.count === count && t.blockBytes === blockBytes) return t.plan;
+  if (isPlanOf(t, id, first, count, blockBytes)) return t!.plan;
   const plan = computePlan(reg, first, count, blockBytes);
   const bytes = (plan.segments.length + plan.blocks.length) * 8 + 256;
   if (use !== "once" && bytes <= PLAN_CACHE_BYTES / 16) {
@@ -164,7 +164,7 @@ export function planSamples(reg: RegisteredDataset, first: number, count: number
       kept.fill(undefined);
       keptBytes = 0;
     }
-    kept[slot] = { regId: regIds.get(reg)!, first, count, blockBytes, plan, bytes, by: use };
+    kept[slot] = { regId: id, first, count, blockBytes, plan, bytes, by: use };
     keptBytes += bytes;
   }
   return plan;
@@ -176,8 +176,7 @@ export function planSamples(reg: RegisteredDataset, first: number, count: number
  */
 export function planUsed(reg: RegisteredDataset, first: number, count: number, blockBytes: number, use: PlanUse): void {
   const slot = planSlot(reg, first, count, blockBytes);
-  const e = kept[slot];
-  if (e !== undefined && e.regId === regIds.get(reg) && e.first === first && e.count === count && e.blockBytes === blockBytes) takeOut(slot, use);
+  if (isPlanOf(kept[slot], regIds.get(reg)!, first, count, blockBytes)) takeOut(slot, use);
 }
 
 /** How many plans the plan table keeps and their bytes (for tests and diagnostics). */
@@ -185,6 +184,11 @@ export function keptPlans(): { readonly plans: number; readonly bytes: number } 
   let plans = 0;
   for (const e of kept) if (e !== undefined) plans++;
   return { plans, bytes: keptBytes };
+}
+
+/** Whether a kept plan is the plan of this run of samples of this dataset version. */
+function isPlanOf(e: KeptPlan | undefined, regId: number, first: number, count: number, blockBytes: number): boolean {
+  return e !== undefined && e.regId === regId && e.first === first && e.count === count && e.blockBytes === blockBytes;
 }
 
 /** The plan table slot of a run of samples (its dataset version numbered on first sight). */

@@ -34,7 +34,7 @@ export function classifySlowBatch(c: BatchCost): SlowBatchCause {
   if (c.fromOrigin > 0) return "origin_slow";
   // Fills already in flight that came from the NVMe tier (read-ahead's disk reads) are the disk's.
   if (c.fromDisk > 0) return "disk_slow";
-  return c.blocksFilling > 0 ? "origin_slow" : "assembly";
+  return "assembly";
 }
 
 /** One slow batch, as the dashboard lists it. */
