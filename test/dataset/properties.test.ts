@@ -18,6 +18,24 @@ import {
 
 const seedArb = fc.integer({ min: 0, max: 0xffffffff });
 
+/** A dataset over sources of these sequence lengths (uint16 tokens), a weighted blend or not. */
+function sourcesDataset(srcs: readonly { weight: number; lens: number[] }[], weighted: boolean, seqLength: number, numSamples: number, seed: number) {
+  const config = parseDatasetConfig({
+    sources: srcs.map((s, k) => ({ prefix: `p${k}`, ...(weighted ? { weight: s.weight } : {}) })),
+    seq_length: seqLength,
+    seed,
+    split: "100,0,0",
+    split_index: 0,
+    num_samples: numSamples,
+  });
+  return buildTokenDataset(config, srcs.map((s, k) => parseIndex(encodeIndex({ dtypeCode: 8, lengths: s.lens }), { path: `p${k}.idx` })));
+}
+
+/** A one-source dataset over sequences of these lengths (uint16 tokens). */
+function singleSource(lengths: number[], seqLength: number, numSamples: number, seed: number) {
+  return sourcesDataset([{ weight: 1, lens: lengths }], false, seqLength, numSamples, seed);
+}
+
 describe("properties", () => {
   it("RandomState.shuffle is a permutation, and the same seed gives the same one", () => {
     fc.assert(
@@ -162,16 +180,7 @@ describe("properties", () => {
         fc.integer({ min: 1, max: 120 }),
         seedArb,
         (srcs, seqLength, numSamples, seed) => {
-          const config = parseDatasetConfig({
-            sources: srcs.map((s, k) => ({ prefix: `p${k}`, weight: s.weight })),
-            seq_length: seqLength,
-            seed,
-            split: "100,0,0",
-            split_index: 0,
-            num_samples: numSamples,
-          });
-          const indexes = srcs.map((s, k) => parseIndex(encodeIndex({ dtypeCode: 8, lengths: s.lens }), { path: `p${k}.idx` }));
-          const ds = buildTokenDataset(config, indexes);
+          const ds = sourcesDataset(srcs, true, seqLength, numSamples, seed);
           const plan = new Float64Array(PIECE_STRIDE * ds.maxPiecesPerSample);
           for (let i = 0; i < ds.length; i++) {
             const n = ds.planSample(i, plan);
@@ -199,17 +208,7 @@ describe("properties", () => {
         fc.integer({ min: -5, max: 130 }),
         fc.integer({ min: 1, max: 40 }),
         (srcs, weighted, seqLength, numSamples, seed, first, count) => {
-          const used = weighted ? srcs : srcs.slice(0, 1);
-          const config = parseDatasetConfig({
-            sources: used.map((s, k) => ({ prefix: `p${k}`, ...(weighted ? { weight: s.weight } : {}) })),
-            seq_length: seqLength,
-            seed,
-            split: "100,0,0",
-            split_index: 0,
-            num_samples: numSamples,
-          });
-          const indexes = used.map((s, k) => parseIndex(encodeIndex({ dtypeCode: 8, lengths: s.lens }), { path: `p${k}.idx` }));
-          const ds = buildTokenDataset(config, indexes);
+          const ds = sourcesDataset(weighted ? srcs : srcs.slice(0, 1), weighted, seqLength, numSamples, seed);
           // What planning sample i reads: its source's shuffle row, the row's offset and the
           // positions to the next row's, and each document's pointer and length.
           let expected = 0;
@@ -233,9 +232,7 @@ describe("properties", () => {
 
   it("readIndexes() reads the same entries when a batch's documents outnumber its scratch (4096)", () => {
     // Documents of 1–3 tokens in windows of 2049: ~1000 documents per sample, ~8000 for 8 samples.
-    const config = parseDatasetConfig({ sources: [{ prefix: "p" }], seq_length: 2048, seed: 5, split: "100,0,0", split_index: 0, num_samples: 40 });
-    const lens = Array.from({ length: 60_000 }, (_, i) => 1 + (i % 3));
-    const ds = buildTokenDataset(config, [parseIndex(encodeIndex({ dtypeCode: 8, lengths: lens }), { path: "p.idx" })]);
+    const ds = singleSource(Array.from({ length: 60_000 }, (_, i) => 1 + (i % 3)), 2048, 40, 5);
     const { gpt, index } = ds.sources[0];
     let expected = 0;
     let docs = 0;
@@ -251,9 +248,7 @@ describe("properties", () => {
   });
 
   it("readIndexes() reads ahead the first 1024 samples of a larger batch only", () => {
-    const config = parseDatasetConfig({ sources: [{ prefix: "p" }], seq_length: 8, seed: 3, split: "100,0,0", split_index: 0, num_samples: 3000 });
-    const lens = Array.from({ length: 400 }, (_, i) => 5 + ((i * 37) % 50));
-    const ds = buildTokenDataset(config, [parseIndex(encodeIndex({ dtypeCode: 8, lengths: lens }), { path: "p.idx" })]);
+    const ds = singleSource(Array.from({ length: 400 }, (_, i) => 5 + ((i * 37) % 50)), 8, 3000, 3);
     expect(ds.readIndexes(0, 3000)).toBe(ds.readIndexes(0, 1024));
     expect(ds.readIndexes(0, 1024)).toBeGreaterThan(ds.readIndexes(0, 1023));
   });

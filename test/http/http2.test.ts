@@ -40,6 +40,19 @@ function h2get(session: http2.ClientHttp2Session, path: string, headers: Record<
   });
 }
 
+/**
+ * A server of its own over dataset `name`: 3000 samples of 4097 tokens drawn from 400 synthetic
+ * documents (seed `seed`), whose batches of 300 samples are 2.4 MB.
+ */
+async function startBatchServer(name: string, seed: number): Promise<RunningServer> {
+  const { idx, bin } = syntheticDataset(400, 500, 6000, seed);
+  await ws.put(`tok/${name}.idx`, idx);
+  await ws.put(`tok/${name}.bin`, bin);
+  const reg = join(ws.dir, `${name}.json`);
+  writeFileSync(reg, JSON.stringify({ sources: [{ prefix: `data/tok/${name}` }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 3000 }));
+  return await startServer(ws, ["--dataset", `${name}=${reg}`, "--cache-dir", join(ws.dir, `c-${name}`)]);
+}
+
 async function curl(args: string[]): Promise<{ version: string; sha: string }> {
   const { code, out } = await runToExit("curl", ["-s", "--max-time", "20", "-o", join(ws.dir, "curl.out"), "-w", "%{http_version}", ...args]);
   expect(code, out).toBe(0);
@@ -119,12 +132,7 @@ describe("HTTP/2 on Node", () => {
   it("serves several multi-MiB batches at once to a client with a huge window (no ENHANCE_YOUR_CALM)", async () => {
     // A batch is one buffer, queued whole when the client's window allows: with Node's default
     // session memory (10 MB) the later streams were refused with ENHANCE_YOUR_CALM.
-    const { idx, bin } = syntheticDataset(400, 500, 6000, 4);
-    await ws.put("tok/big.idx", idx);
-    await ws.put("tok/big.bin", bin);
-    const reg = join(ws.dir, "big.json");
-    writeFileSync(reg, JSON.stringify({ sources: [{ prefix: "data/tok/big" }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 3000 }));
-    const server = await startServer(ws, ["--dataset", `big=${reg}`, "--cache-dir", join(ws.dir, "c-batches")]);
+    const server = await startBatchServer("big", 4);
     const session = http2.connect(server.url, { settings: { initialWindowSize: 2 ** 31 - 1 } });
     session.once("connect", () => session.setLocalWindowSize(2 ** 30));
     try {
@@ -143,12 +151,7 @@ describe("HTTP/2 on Node", () => {
   });
 
   it("keeps taking new streams while unread batches fill a session past 128 MB (a client that reads when it pleases)", async () => {
-    const { idx, bin } = syntheticDataset(400, 500, 6000, 6);
-    await ws.put("tok/calm.idx", idx);
-    await ws.put("tok/calm.bin", bin);
-    const reg = join(ws.dir, "calm.json");
-    writeFileSync(reg, JSON.stringify({ sources: [{ prefix: "data/tok/calm" }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 3000 }));
-    const server = await startServer(ws, ["--dataset", `calm=${reg}`, "--cache-dir", join(ws.dir, "c-calm")]);
+    const server = await startBatchServer("calm", 6);
     const session = http2.connect(server.url); // the default 64 KiB window: the batches wait in the server
     try {
       // 60 batches of 2.4 MB asked for and not read: ~147 MB queued on one session. Node refused
@@ -182,12 +185,7 @@ describe("HTTP/2 on Node", () => {
   });
 
   it("releases the batch leases of sessions whose client sent GOAWAY and vanished while a batch was held back by flow control", async () => {
-    const { idx, bin } = syntheticDataset(400, 500, 6000, 5);
-    await ws.put("tok/gone.idx", idx);
-    await ws.put("tok/gone.bin", bin);
-    const reg = join(ws.dir, "gone.json");
-    writeFileSync(reg, JSON.stringify({ sources: [{ prefix: "data/tok/gone" }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 3000 }));
-    const server = await startServer(ws, ["--dataset", `gone=${reg}`, "--cache-dir", join(ws.dir, "c-gone")]);
+    const server = await startBatchServer("gone", 5);
     try {
       for (let round = 0; round < 3; round++) {
         // A 16 KiB window: most of the 2.4 MiB batch waits in the server for WINDOW_UPDATEs.
