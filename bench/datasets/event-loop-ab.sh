@@ -12,7 +12,8 @@
 # and native/build when it has none). Without it, only this checkout is measured.
 # Knobs (environment): ROUNDS=3 (interleaved rounds), PASSES=20 (timed passes of 1500 steps per
 # run, each a new consumer), RUNTIME=node|deno (the server's), SERVER_FLAGS="" (more serve flags,
-# e.g. "--native-gather-threads 4" for groups of steps copied on a thread), FRESH=1 (one consumer
+# e.g. "--native-gather-threads 4" for groups of steps copied on a thread), DTYPE=uint16|int32
+# (the dataset: 64 or 128 KiB batches), FRESH=1 (one consumer
 # over PASSES × 1500 distinct steps, as a trainer's epoch: every step planned once, where the
 # passes over the same 1500 steps find many plans made before), PREFETCH=3 (the client's depth).
 # Needs the uint16 dataset and plan of bench/datasets/warm-batches.ts (run that once first), and
@@ -35,7 +36,9 @@ RUNTIME=${RUNTIME:-node}
 STEPS=1500
 PORT=18557
 ADMIN=event-loop-ab-admin-token-0123456789
-PLAN=$HERE/bench/.out/datasets/u16.plan
+DTYPE=${DTYPE:-uint16}
+case $DTYPE in uint16) DS=u16 ;; int32) DS=i32 ;; *) echo "DTYPE must be uint16 or int32, not $DTYPE" >&2; exit 2 ;; esac
+PLAN=$HERE/bench/.out/datasets/$DS.plan
 FRESH=${FRESH:-}
 # Steps of the dataset, and the client's flags: passes over 1500 steps, or one consumer over all.
 EPOCH_STEPS=$STEPS
@@ -46,8 +49,8 @@ if [ -n "$FRESH" ]; then
   EPOCH_STEPS=$((STEPS * PASSES))
   CLIENT_MODE+=(--continuous)
 fi
-if [ ! -f "$DATA/u16.bin" ] || [ ! -f "$PLAN" ]; then
-  echo "No $DATA/u16.bin or $PLAN: run 'node --import tsx bench/datasets/warm-batches.ts' once first (it writes both)" >&2
+if [ ! -f "$DATA/$DS.bin" ] || [ ! -f "$PLAN" ]; then
+  echo "No $DATA/$DS.bin or $PLAN: run 'node --import tsx bench/datasets/warm-batches.ts' once first (it writes both)" >&2
   exit 2
 fi
 NUMPY=0
@@ -82,15 +85,15 @@ run_one() { # $1 = checkout
   SERVER=$!
   local base=http://127.0.0.1:$PORT
   for _ in $(seq 1 80); do curl -sf -o /dev/null "$base/metrics" && break; sleep 0.25; done
-  curl -sf -o /dev/null -X PUT -H "authorization: Bearer $ADMIN" -H "content-type: application/json" "$base/v1/datasets/u16" \
-    -d "{\"sources\":[{\"prefix\":\"bench/u16\"}],\"seq_length\":4096,\"seed\":1234,\"split\":\"100,0,0\",\"split_index\":0,\"num_samples\":$((EPOCH_STEPS * 8))}"
-  for s in $(seq 0 $((STEPS - 1))); do echo "url = \"$base/v1/datasets/u16/batches/$s?rank=0&world=1&micro_batch=8\""; echo "output = /dev/null"; done > "$WORK/urls"
+  curl -sf -o /dev/null -X PUT -H "authorization: Bearer $ADMIN" -H "content-type: application/json" "$base/v1/datasets/$DS" \
+    -d "{\"sources\":[{\"prefix\":\"bench/$DS\"}],\"seq_length\":4096,\"seed\":1234,\"split\":\"100,0,0\",\"split_index\":0,\"num_samples\":$((EPOCH_STEPS * 8))}"
+  for s in $(seq 0 $((STEPS - 1))); do echo "url = \"$base/v1/datasets/$DS/batches/$s?rank=0&world=1&micro_batch=8\""; echo "output = /dev/null"; done > "$WORK/urls"
   curl -sf -K "$WORK/urls"
-  (cd "$root" && "$DENO" run -A bench/shm/client.ts "$base" u16 8 $STEPS 2 > /dev/null)
+  (cd "$root" && "$DENO" run -A bench/shm/client.ts "$base" $DS 8 $STEPS 2 > /dev/null)
   local main=/proc/$SERVER/task/$SERVER/stat proc=/proc/$SERVER/stat
   local m0 p0 m1 p1 line
   m0=$(cpu_ticks "$main"); p0=$(cpu_ticks "$proc")
-  line=$(cd "$root" && "$DENO" run -A bench/shm/client.ts "$base" u16 8 $STEPS "$PASSES" "${CLIENT_MODE[@]}" | tail -1)
+  line=$(cd "$root" && "$DENO" run -A bench/shm/client.ts "$base" $DS 8 $STEPS "$PASSES" "${CLIENT_MODE[@]}" | tail -1)
   m1=$(cpu_ticks "$main"); p1=$(cpu_ticks "$proc")
   kill "$SERVER"; wait "$SERVER" 2>/dev/null || true
   SERVER=
@@ -105,9 +108,9 @@ run_one() { # $1 = checkout
   ' "$line" $((m1 - m0)) $((p1 - p0)) "$TICK" $EPOCH_STEPS "$(basename "$root")" "$NUMPY"
 }
 
-echo "event-loop-ab: $RUNTIME server ${SERVER_FLAGS:-}, $ROUNDS rounds × $PASSES passes of $STEPS steps${FRESH:+ (one consumer over all, every step new)}, $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "event-loop-ab: $DTYPE, $RUNTIME server ${SERVER_FLAGS:-}, $ROUNDS rounds × $PASSES passes of $STEPS steps${FRESH:+ (one consumer over all, every step new)}, $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC')"
 numpy_round() {
-  python3 "$HERE/bench/datasets/numpy_gather.py" "$DATA/u16.bin" uint16 "$PLAN" $STEPS 8 4097 2 "$WORK/numpy.json" > /dev/null
+  python3 "$HERE/bench/datasets/numpy_gather.py" "$DATA/$DS.bin" $DTYPE "$PLAN" $STEPS 8 4097 2 "$WORK/numpy.json" > /dev/null
   NUMPY=$(node -e 'const j = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")); console.log((j.batches / j.seconds).toFixed(0))' "$WORK/numpy.json")
   echo "numpy memmap gather (baseline)  $NUMPY batches/s"
 }
