@@ -23,6 +23,12 @@ export const ADMIN_USAGE = `  rackfeed prefetch --server URL ((--objects ORIGIN/
 
 class UsageError extends Error {}
 
+/** A failure's message with its cause's: fetch says only "fetch failed", its cause why (ECONNREFUSED, a certificate). */
+function withCause(e: unknown): string {
+  const err = e as Error;
+  return err.cause instanceof Error ? `${err.message} (${err.cause.message})` : String(err?.message ?? e);
+}
+
 /**
  * `rackfeed prefetch`: starts a warm job; with `--watch`, follows its progress until it ends.
  *
@@ -82,8 +88,7 @@ export async function prefetchCommand(args: readonly string[], host: AdminHost):
   try {
     res = await doFetch(`${server}/prefetch`, { method: "POST", headers, body: JSON.stringify(body) });
   } catch (e) {
-    const cause = (e as Error).cause instanceof Error ? ` (${((e as Error).cause as Error).message})` : "";
-    host.printError(`rackfeed prefetch: cannot reach ${server}: ${(e as Error).message}${cause}`);
+    host.printError(`rackfeed prefetch: cannot reach ${server}: ${withCause(e)}`);
     return 1;
   }
   const job = await res.json().catch(() => ({})) as PrefetchProgress & { message?: string };
@@ -215,7 +220,7 @@ export async function statsCommand(args: readonly string[], host: AdminHost): Pr
     if (!res.ok) throw new Error(`HTTP ${res.status}`);
     text = await res.text();
   } catch (e) {
-    host.printError(`rackfeed stats: cannot read ${server}/metrics: ${(e as Error).message}`);
+    host.printError(`rackfeed stats: cannot read ${server}/metrics: ${withCause(e)}`);
     return 1;
   }
   for (const line of renderStats(parseMetrics(text))) host.print(line);

@@ -62,12 +62,12 @@ export type ExitCode = 0 | 1 | 2;
 const USAGE = `Usage:
   rackfeed serve [--config FILE.json] [--listen HOST:PORT] [--origin NAME=URL]...
                  [--cache-dir DIR] [--memory-bytes SIZE] [--disk-bytes SIZE] [--block-bytes SIZE]
-                 [--read-token T] [--admin-token T] [more: see README]
+                 [--dataset NAME=FILE.json]... [--read-token T] [--admin-token T] [more: see README]
   rackfeed demo  [serve flags]   (also: no command) serve a generated local demo dataset
 ${ADMIN_USAGE}
 
   URL: s3://bucket/prefix (endpoint, region, credentials: AWS SDK chain, e.g. AWS_ENDPOINT_URL),
-       /absolute/path or file:///path
+       a path (relative ones from the working directory) or file:///path
   SIZE: bytes or with a unit: 512MiB, 64GiB, 1TB
 
 Options of serve (flag, environment variable, default):
@@ -89,11 +89,15 @@ export async function runCli(host: CliHost): Promise<ExitCode> {
     return await serve(host, command === "demo" ? rest : host.args, true);
   }
   if (command === "serve") {
-    if (rest.includes("--help")) {
+    if (rest.includes("--help") || rest.includes("-h")) {
       host.print(USAGE);
       return 0;
     }
     return await serve(host, rest, false);
+  }
+  if ((command === "prefetch" || command === "stats") && (rest.includes("--help") || rest.includes("-h"))) {
+    host.print(`Usage:\n${ADMIN_USAGE}`);
+    return 0;
   }
   if (command === "prefetch") return await prefetchCommand(rest, host);
   if (command === "stats") return await statsCommand(rest, host);

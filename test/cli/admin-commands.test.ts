@@ -106,9 +106,21 @@ describe("rackfeed stats", () => {
     expect(lines).toContain("  pile 3/8 × 4: 12 steps, 0.24 s buffered, 20.0 ms/step");
   });
 
-  it("exits 1 with a clear message when the server cannot be reached", async () => {
-    const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "stats", "--server", "http://127.0.0.1:1"]);
+  it("exits 1 saying why the server cannot be reached", async () => {
+    const port = await freePort(); // nothing listens there
+    const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "stats", "--server", `http://127.0.0.1:${port}`]);
     expect(code).toBe(1);
-    expect(out).toMatch(/cannot read http:\/\/127\.0\.0\.1:1\/metrics/);
+    expect(out).toContain(`cannot read http://127.0.0.1:${port}/metrics: fetch failed (connect ECONNREFUSED 127.0.0.1:${port})`);
   });
+});
+
+describe("--help of the admin commands", () => {
+  for (const command of ["prefetch", "stats"]) {
+    it(`${command} --help prints the usage and exits 0`, async () => {
+      const { code, out } = await runToExit(NODE, [...NODE_TS, entry, command, "--help"]);
+      expect(code, out).toBe(0);
+      expect(out).toContain(`rackfeed ${command} `);
+      expect(out).not.toContain("Unknown option");
+    });
+  }
 });

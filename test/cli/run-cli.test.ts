@@ -97,6 +97,13 @@ describe("rackfeed command line (Node entry)", () => {
     const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "--help"], cwd);
     expect(code).toBe(0);
     expect(out).toMatch(/--block-bytes\s+RACKFEED_BLOCK_BYTES\s+8MiB/);
+    expect(out).toContain("[--dataset NAME=FILE.json]...");
+  });
+
+  it("runs as bin/rackfeed from a working directory outside the checkout (tsx found by its path)", async () => {
+    const { code, out } = await runToExit(`${ROOT}bin/rackfeed`, ["serve", "--help"], cwd);
+    expect(code, out).toBe(0);
+    expect(out).toContain("rackfeed serve [--config FILE.json]");
   });
 
   it("starts the embedded demo with no command, serves its URLs, and stops cleanly on SIGTERM", async () => {
