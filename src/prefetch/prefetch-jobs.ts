@@ -228,7 +228,7 @@ export class PrefetchJobs {
     if (plan.bytesTotal > budget) {
       throw badRequest(
         `Prefetch of ${describeRequest(req)} needs ${plan.bytesTotal} bytes, more than the ${req.tier} tier holds (${budget} bytes); ` +
-          `it would evict its own blocks. Prefetch less, or into the ${req.tier === "memory" ? "disk" : "a larger disk"} tier`,
+          `it would evict its own blocks. Prefetch less, or ${req.tier === "memory" ? 'into the disk tier ("tier": "disk")' : "into a larger disk tier (--disk-bytes)"}`,
       );
     }
     return plan;

@@ -82,7 +82,7 @@ describe("the NVMe tier on a file system smaller than --disk-bytes", () => {
       });
       const body = await r.json();
       expect(r.status, JSON.stringify(body)).toBe(400);
-      expect(body.message).toMatch(/needs 6291456 bytes, more than the disk tier holds \(\d+ bytes\)/);
+      expect(body.message).toMatch(/needs 6291456 bytes, more than the disk tier holds \(\d+ bytes\); it would evict its own blocks\. Prefetch less, or into a larger disk tier \(--disk-bytes\)$/);
       const held = Number(/holds \((\d+) bytes\)/.exec(body.message)![1]);
       expect(held).toBeLessThan(4 * MiB);
     } finally {

@@ -98,7 +98,7 @@ describe("POST /prefetch by object prefix", () => {
     const rf = await start(["--memory-bytes", "2MiB"]);
     const res = await submit(rf, { objects: ["data/big/"], tier: "memory" });
     expect(res.status).toBe(400);
-    expect((await res.json()).message).toMatch(/needs 3145728 bytes, more than the memory tier holds \(2097152 bytes\)/);
+    expect((await res.json()).message).toMatch(/needs 3145728 bytes, more than the memory tier holds \(2097152 bytes\); it would evict its own blocks\. Prefetch less, or into the disk tier \("tier": "disk"\)$/);
   });
 
   it("fails a --tier disk job, naming the block, when the NVMe tier cannot store blocks", async () => {
