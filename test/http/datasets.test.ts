@@ -186,6 +186,22 @@ describe("registration", () => {
     }
   });
 
+  it("names the admin token when a server with a read token refuses a registration, whatever token came", async () => {
+    const guarded = await startServer(ws, ["--admin-token", ADMIN, "--read-token", "read-token-for-tests"]);
+    try {
+      for (const token of ["", "wrong-token-123", "read-token-for-tests"]) {
+        const res = await put("x", registration(cases[0]), token, guarded.url);
+        expect(res.status, token).toBe(401);
+        expect((await res.json()).message, token).toMatch(/^Missing or wrong admin token/);
+      }
+      const read = await fetch(`${guarded.url}/v1/datasets`);
+      expect(read.status).toBe(401);
+      expect((await read.json()).message).toMatch(/^Missing or wrong read token/);
+    } finally {
+      await guarded.close();
+    }
+  });
+
   it("describes a dataset and lists the registered ones", async () => {
     const d = await (await fetch(`${rf.url}/v1/datasets/u16_blend_two`)).json();
     expect(d).toMatchObject({ name: "u16_blend_two", kind: "blend", dtype: "uint16", numSamples: 2000, windowLength: 65 });

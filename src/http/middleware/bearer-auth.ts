@@ -12,7 +12,14 @@ import { CacheServerError } from "../../errors.ts";
  * @returns the middleware
  */
 export const bearerAuth = (
-  opts: { token: string | undefined; required: boolean; role: string; alsoAccept?: string | undefined },
+  opts: {
+    token: string | undefined;
+    required: boolean;
+    role: string;
+    alsoAccept?: string | undefined;
+    /** Requests that will also need a stronger token (an admin route behind the read check): the refusal names that one, the token that would pass both. */
+    needsStronger?: (method: string, path: string) => string | undefined;
+  },
 ): MiddlewareHandler =>
   async function bearerAuth(c, next) {
     if (opts.token === undefined) {
@@ -29,7 +36,8 @@ export const bearerAuth = (
       (constantTimeEqual(got, opts.token) || (opts.alsoAccept !== undefined && constantTimeEqual(got, opts.alsoAccept)));
     if (!ok) {
       c.header("www-authenticate", 'Bearer realm="rackfeed"');
-      throw new CacheServerError("UNAUTHORIZED", `Missing or wrong ${opts.role} token: send "Authorization: Bearer <token>"`);
+      const role = opts.needsStronger?.(c.req.method, c.req.path) ?? opts.role;
+      throw new CacheServerError("UNAUTHORIZED", `Missing or wrong ${role} token: send "Authorization: Bearer <token>"`);
     }
     await next();
     // The answer depends on the token: a browser (or any cache) must not hand a response fetched
