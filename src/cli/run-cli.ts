@@ -217,9 +217,12 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
   if (demo) {
     const u = listener.url;
     host.print(`Demo dataset: origin "demo" -> ${config.origins[0].kind === "fs" ? config.origins[0].root : ""}`);
-    host.print(`Try:\n  curl ${u}/v1/objects/demo/hello.txt\n  curl -s -r 0-15 ${u}/v1/objects/demo/shards/shard-00000.bin | od -A d -t x1`);
-    host.print(`  curl -sI ${u}/v1/objects/demo/shards/shard-00001.bin\n  curl -s ${u}/v1/datasets/demo`);
-    host.print(`  curl -s '${u}/v1/datasets/demo/batches/0?rank=0&world=2&micro_batch=4' | od -A d -t u2 | head -3`);
+    // With a read token, /v1/ needs it: the lines name a variable, never the token itself.
+    const auth = config.readToken === undefined ? "" : ' -H "Authorization: Bearer $RACKFEED_READ_TOKEN"';
+    host.print(`Try${auth ? " (with the read token in RACKFEED_READ_TOKEN)" : ""}:`);
+    host.print(`  curl${auth} ${u}/v1/objects/demo/hello.txt\n  curl -s${auth} -r 0-15 ${u}/v1/objects/demo/shards/shard-00000.bin | od -A d -t x1`);
+    host.print(`  curl -sI${auth} ${u}/v1/objects/demo/shards/shard-00001.bin\n  curl -s${auth} ${u}/v1/datasets/demo`);
+    host.print(`  curl -s${auth} '${u}/v1/datasets/demo/batches/0?rank=0&world=2&micro_batch=4' | od -A d -t u2 | head -3`);
     host.print(`  curl -s ${u}/metrics | grep rackfeed_cache`);
   }
   await shutdown;

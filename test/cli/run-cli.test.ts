@@ -128,6 +128,22 @@ describe("rackfeed command line (Node entry)", () => {
     }
   });
 
+  it("prints demo lines that work with a read token, naming a variable and never the token", async () => {
+    const token = "demo-read-token-0123456789";
+    const demo = await startChild(NODE, [...NODE_TS, entry, "--listen", "127.0.0.1:0", "--read-token", token], cwd);
+    try {
+      for (let i = 0; i < 100 && !demo.output().includes("metrics"); i++) await new Promise((r) => setTimeout(r, 20));
+      expect(demo.output()).not.toContain(token);
+      const line = demo.output().split("\n").find((l) => l.includes("/v1/objects/demo/hello.txt"));
+      expect(line).toContain('-H "Authorization: Bearer $RACKFEED_READ_TOKEN"');
+      const ran = await runToExit("sh", ["-c", `export RACKFEED_READ_TOKEN=${token}; ${line!.trim()}`], cwd);
+      expect(ran.out).toContain("Hello from rackfeed");
+      expect((await runToExit("sh", ["-c", `export RACKFEED_READ_TOKEN=wrong; ${line!.trim()}`], cwd)).out).toMatch(/Missing or wrong read token/);
+    } finally {
+      expect(await demo.stop()).toBe(0);
+    }
+  });
+
   it("exits after --shutdown-grace on SIGTERM although a request waits on an origin that stopped answering", async () => {
     // An S3 endpoint that accepts connections and never answers.
     const held: net.Socket[] = [];
