@@ -152,6 +152,11 @@ describe("batches", () => {
     expect((await tooBig.json()).message).toMatch(/it has no full step \(1000 samples\)/);
     const sample = await samples("u16_one_epoch", 1000, 1);
     expect(sample.status).toBe(416);
+    // A samples range that starts inside and runs past the end is cut there, as a byte range is.
+    const cut = await samples("u16_one_epoch", 998, 5);
+    expect(cut.status).toBe(200);
+    expect(cut.headers.get("x-rackfeed-shape")).toMatch(/^2,\d+$/);
+    expect((await cut.arrayBuffer()).byteLength).toBe(2 * Number(cut.headers.get("x-rackfeed-shape")!.split(",")[1]) * 2);
   });
 
   it("refuses bad query parameters with 400 naming the parameter", async () => {
