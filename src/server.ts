@@ -321,6 +321,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
           served,
           stats: batchStats,
           onBatch: (s, c) => metrics!.observeBatch(s, c),
+          onTimings: (d, t) => metrics!.observeStep(d, t),
           maxBatchBytes: config.maxBatchBytes,
           slots: config.shmSlots,
           budgetBytes: config.shmBytes,

@@ -10,6 +10,7 @@ import {
   decodeRingHeader,
   decodeSlotHeader,
   encodeFrame,
+  encodeTimings,
   FrameDecoder,
   FrameOutbox,
   RING_HEADER_BYTES,
@@ -17,6 +18,7 @@ import {
   SLOT_HEADER_BYTES,
   slotHeaderOffset,
   slotOfStep,
+  type StepTimingValues,
 } from "../shm/protocol.ts";
 
 /** How long a polling client re-checks the ring before it sends `wait` and blocks on the socket. */
@@ -104,13 +106,13 @@ class MessageReader {
 /**
  * Says hello and checks which server answers.
  *
- * @returns the server instance id from `welcome`
+ * @returns the server instance id from `welcome`, and whether it takes `timings`
  */
-async function greet(socket: LocalSocket, reader: MessageReader, token: string | undefined): Promise<string> {
+async function greet(socket: LocalSocket, reader: MessageReader, token: string | undefined): Promise<{ instance: string; timings: boolean }> {
   send(socket, { t: "hello", version: SHM_PROTOCOL_VERSION, ...(token ? { token } : {}) });
   const w = await reader.next();
   if (w.t !== "welcome") throw new ShmError(0, "BAD_RESPONSE", `Expected "welcome", got "${String(w.t)}"`);
-  return String(w.instance);
+  return { instance: String(w.instance), timings: w.timings === true };
 }
 
 function send(socket: LocalSocket, m: ClientMessage): void {
@@ -131,7 +133,22 @@ export async function* shmBatches(
   socketPath: string,
   instance: string | undefined,
   token: string | undefined,
-  c: { dataset: string; rank: number; world: number; microBatch: number; startStep: number; endStep?: number; slots: number; signal?: AbortSignal },
+  c: {
+    dataset: string;
+    rank: number;
+    world: number;
+    microBatch: number;
+    startStep: number;
+    endStep?: number;
+    slots: number;
+    signal?: AbortSignal;
+    /**
+     * Given, once the ring is open, a way to send this consumer's step timings over its socket
+     * (where the server takes them; it returns false once the connection is gone), and undefined
+     * when the iteration ends.
+     */
+    onTimings?: (send: ((steps: readonly StepTimingValues[]) => boolean) | undefined) => void;
+  },
 ): AsyncGenerator<SlotBatch, void, undefined> {
   c.signal?.throwIfAborted();
   const socket = await connect(transport, socketPath);
@@ -148,8 +165,8 @@ export async function* shmBatches(
   try {
     const reader = new MessageReader(socket);
     const got = await withTimeout(greet(socket, reader, token), socket, WELCOME_TIMEOUT_MS);
-    if (instance !== undefined && got !== instance) {
-      throw new ShmError(0, "NOT_COLOCATED", `Socket ${socketPath} leads to server ${got}, not ${instance}`);
+    if (instance !== undefined && got.instance !== instance) {
+      throw new ShmError(0, "NOT_COLOCATED", `Socket ${socketPath} leads to server ${got.instance}, not ${instance}`);
     }
     const poll = transport.pollSlots === true;
     send(socket, {
@@ -198,6 +215,17 @@ export async function* shmBatches(
     const flush = () => {
       if (outbox.frames > 0) socket.write(outbox.take());
     };
+    if (got.timings && c.onTimings) {
+      c.onTimings((steps) => {
+        try {
+          flush(); // releases first: the server may be waiting for one
+          socket.write(encodeTimings(steps));
+          return true;
+        } catch {
+          return false; // closed under us (an abort): these go over HTTP
+        }
+      });
+    }
     for (let step = c.startStep;; step++) {
       c.signal?.throwIfAborted();
       if (ended && step >= endStep) return;
@@ -252,6 +280,8 @@ export async function* shmBatches(
       if (outbox.frames >= group) flush();
     }
   } finally {
+    // Timings queued from here on go over HTTP.
+    c.onTimings?.(undefined);
     // Close the socket first: the server stops writing and removes the ring; closing the reader
     // then gives the (unlinked) ring's pages back.
     c.signal?.removeEventListener("abort", onAbort);
@@ -273,7 +303,7 @@ async function connect(transport: LocalTransport, socketPath: string): Promise<L
 export async function shmInstance(transport: LocalTransport, socketPath: string, token: string | undefined): Promise<string> {
   const socket = await connect(transport, socketPath);
   try {
-    return await withTimeout(greet(socket, new MessageReader(socket), token), socket, WELCOME_TIMEOUT_MS);
+    return (await withTimeout(greet(socket, new MessageReader(socket), token), socket, WELCOME_TIMEOUT_MS)).instance;
   } finally {
     socket.close();
   }

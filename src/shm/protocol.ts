@@ -167,11 +167,24 @@ export type ClientMessage =
   }
   | { readonly t: "release"; readonly slot: number; readonly generation: number }
   /** The client found step `step` not yet published and blocks on the socket until it is. */
-  | { readonly t: "wait"; readonly step: number };
+  | { readonly t: "wait"; readonly step: number }
+  /**
+   * Steps' timings (seconds), for the `rackfeed_t_*` histograms: what `POST /v1/telemetry`
+   * takes, for this connection's consumer, without an HTTP request. Each field is float64
+   * little-endian values, one per step, as msgpack bin; NaN = not measured. Only to a server
+   * whose `welcome` says `timings: true`.
+   */
+  | { readonly t: "timings"; readonly steps: Uint8Array; readonly t_wait: Uint8Array; readonly t_h2d: Uint8Array; readonly t_compute: Uint8Array };
 
 /** Server → client messages. */
 export type ServerMessage =
-  | { readonly t: "welcome"; readonly version: number; readonly instance: string }
+  | {
+    readonly t: "welcome";
+    readonly version: number;
+    readonly instance: string;
+    /** The server takes `timings` messages (absent: report them over HTTP). */
+    readonly timings?: boolean;
+  }
   | {
     readonly t: "ring";
     readonly path: string;
@@ -195,6 +208,93 @@ export type ServerMessage =
   }
   | { readonly t: "end"; readonly step: number }
   | { readonly t: "error"; readonly code: string; readonly status: number; readonly message: string };
+
+/** Most steps in one `timings` message: four arrays of float64, 32 KiB, well within a frame. */
+export const MAX_TIMINGS_STEPS = 1024;
+
+/** Most seconds a timing may hold (as `POST /v1/telemetry`). */
+const MAX_TIMING_SECONDS = 86_400;
+
+/** One step's timings, as the SDK queues them; an absent or NaN timing was not measured. */
+export interface StepTimingValues {
+  readonly step: number;
+  readonly t_wait: number;
+  readonly t_h2d?: number;
+  readonly t_compute?: number;
+}
+
+/**
+ * `timings` frames for steps (at most `MAX_TIMINGS_STEPS` each), one buffer for one socket write.
+ *
+ * @param steps the steps and their timings
+ * @returns the frames, concatenated
+ */
+export function encodeTimings(steps: readonly StepTimingValues[]): Uint8Array {
+  const frames: Uint8Array[] = [];
+  for (let from = 0; from < steps.length; from += MAX_TIMINGS_STEPS) {
+    const n = Math.min(MAX_TIMINGS_STEPS, steps.length - from);
+    const cols = [new Float64Array(n), new Float64Array(n), new Float64Array(n), new Float64Array(n)];
+    for (let i = 0; i < n; i++) {
+      const s = steps[from + i];
+      cols[0][i] = s.step;
+      cols[1][i] = s.t_wait;
+      cols[2][i] = s.t_h2d ?? NaN;
+      cols[3][i] = s.t_compute ?? NaN;
+    }
+    // Float64Array is little-endian on every platform the SDK runs on; the protocol says so.
+    const [steps_, wait, h2d, compute] = cols.map((c) => new Uint8Array(c.buffer));
+    frames.push(encodeFrame({ t: "timings", steps: steps_, t_wait: wait, t_h2d: h2d, t_compute: compute }));
+  }
+  return concatFrames(frames);
+}
+
+/** A `timings` message decoded: its own arrays (the frame's bytes may be reused at once). */
+export interface DecodedTimings {
+  readonly t: "timings";
+  readonly count: number;
+  readonly tWait: Float64Array;
+  readonly tH2d: Float64Array;
+  readonly tCompute: Float64Array;
+}
+
+/**
+ * Checks and copies a `timings` message out of its frame.
+ *
+ * @throws {ShmProtocolError} naming the field: not bin, lengths that differ or are not whole
+ *   float64s, more than `MAX_TIMINGS_STEPS`, a step that is not a whole number, a timing that
+ *   is neither NaN nor seconds from 0 to 86400
+ */
+export function decodeTimings(m: Record<string, unknown>): DecodedTimings {
+  const fields = ["steps", "t_wait", "t_h2d", "t_compute"] as const;
+  const bins = fields.map((f) => {
+    const v = m[f];
+    if (!(v instanceof Uint8Array)) throw new ShmProtocolError(`"timings" field "${f}" must be bin (float64 little-endian values), got ${typeof v}`);
+    return v;
+  });
+  const bytes = bins[0].length;
+  if (bytes % 8 !== 0 || bins.some((b) => b.length !== bytes)) {
+    throw new ShmProtocolError(`"timings" fields must hold the same number of float64 values, got ${bins.map((b) => b.length).join(", ")} bytes`);
+  }
+  const count = bytes / 8;
+  if (count > MAX_TIMINGS_STEPS) throw new ShmProtocolError(`"timings" holds ${count} steps, at most ${MAX_TIMINGS_STEPS}`);
+  const views = bins.map((b) => new DataView(b.buffer, b.byteOffset, b.length));
+  for (let i = 0; i < count; i++) {
+    const step = views[0].getFloat64(i * 8, true);
+    if (!Number.isSafeInteger(step) || step < 0) throw new ShmProtocolError(`"timings" steps[${i}] must be a whole step number, got ${step}`);
+  }
+  const out = [new Float64Array(count), new Float64Array(count), new Float64Array(count)];
+  for (let f = 1; f < 4; f++) {
+    const col = out[f - 1];
+    for (let i = 0; i < count; i++) {
+      const v = views[f].getFloat64(i * 8, true);
+      if (!Number.isNaN(v) && !(v >= 0 && v <= MAX_TIMING_SECONDS)) {
+        throw new ShmProtocolError(`"timings" ${fields[f]}[${i}] must be seconds from 0 to ${MAX_TIMING_SECONDS}, or NaN when not measured, got ${v}`);
+      }
+      col[i] = v;
+    }
+  }
+  return { t: "timings", count, tWait: out[0], tH2d: out[1], tCompute: out[2] };
+}
 
 /** A frame: 4-byte big-endian length, then a msgpack map. */
 export function encodeFrame(message: ClientMessage | ServerMessage): Uint8Array {

@@ -31,6 +31,8 @@ import { constantTimeEqual } from "../http/middleware/bearer-auth.ts";
 import type { ServedBytes } from "../http/served-bytes.ts";
 import {
   concatFrames,
+  decodeTimings,
+  type DecodedTimings,
   encodeFrame,
   FrameDecoder,
   MAX_RING_SLOTS,
@@ -104,6 +106,12 @@ export interface ShmServerOptions {
   readonly served: ServedBytes;
   readonly stats: BatchStats;
   readonly onBatch: (seconds: number, cache: "hit" | "filling" | "miss") => void;
+  /**
+   * A step's timings from a `timings` message, as `POST /v1/telemetry` hands them to the metrics
+   * (the dataset is the connection's). Unset: `welcome` does not offer `timings`, and clients
+   * report over HTTP.
+   */
+  readonly onTimings?: (dataset: string, timings: { t_wait?: number; t_h2d?: number; t_compute?: number }) => void;
   readonly maxBatchBytes: number;
   /** Default ring size when the client names none. */
   readonly slots: number;
@@ -302,6 +310,8 @@ class ShmConnection {
   #queue: Promise<void> = Promise.resolve();
   /** The consumer's `endStep`, once `end` has been sent: a `wait` at or past it is answered with `end` again. */
   #endedAt: number | undefined;
+  /** The opened consumer's dataset: the label of its `timings`. */
+  #dataset: string | undefined;
   /** Messages in `#queue` not yet handled. */
   #unhandled = 0;
   /** Messages in `#queue` not yet handled or still being handled (an `open` awaits the catalog). */
@@ -322,11 +332,20 @@ class ShmConnection {
         this.#fail("BAD_REQUEST", 400, (e as Error).message);
         return;
       }
-      for (const m of msgs) {
-        // Releases and waits (one per step) are handled at once when nothing waits before them:
-        // a promise chain per message cost the event loop more than the release itself. Anything
+      for (let m of msgs) {
+        if (m.t === "timings") {
+          // Copied out now: its arrays are views of the decoder's buffer, which the next chunk reuses.
+          try {
+            m = decodeTimings(m) as unknown as Record<string, unknown>;
+          } catch (e) {
+            this.#failWith(e);
+            return;
+          }
+        }
+        // Releases, waits and timings are handled at once when nothing waits before them: a
+        // promise chain per message cost the event loop more than the release itself. Anything
         // behind an `open` still being handled waits its turn, in order.
-        if (this.#queued === 0 && this.#greeted && (m.t === "release" || m.t === "wait")) {
+        if (this.#queued === 0 && this.#greeted && (m.t === "release" || m.t === "wait" || m.t === "timings")) {
           try {
             this.#handleStepMessage(m);
           } catch (e) {
@@ -489,19 +508,31 @@ class ShmConnection {
         return;
       }
       this.#greeted = true;
-      this.#send({ t: "welcome", version: SHM_PROTOCOL_VERSION, instance: this.#o.instance });
+      this.#send({ t: "welcome", version: SHM_PROTOCOL_VERSION, instance: this.#o.instance, ...(this.#o.onTimings ? { timings: true } : {}) });
       return;
     }
     if (m.t === "open") return await (this.#opening = this.#open(m));
     this.#handleStepMessage(m);
   }
 
-  /** Handles a message of a greeted peer other than `open`: a `release`, a `wait`, or an error. */
+  /** Handles a message of a greeted peer other than `open`: a `release`, a `wait`, `timings`, or an error. */
   #handleStepMessage(m: Record<string, unknown>): void {
     if (this.#closed) return;
     if (m.t === "release") return this.#release(m);
     if (m.t === "wait") return this.#wait(m);
-    throw new ShmProtocolError(`Unknown message "${String(m.t)}": expected open, release or wait`);
+    if (m.t === "timings") return this.#timings(m as unknown as DecodedTimings);
+    throw new ShmProtocolError(`Unknown message "${String(m.t)}": expected open, release, wait or timings`);
+  }
+
+  /** Hands a `timings` message's steps to the metrics, under the connection's dataset. */
+  #timings(m: DecodedTimings): void {
+    const onTimings = this.#o.onTimings;
+    if (!onTimings) throw new ShmProtocolError('This server takes no "timings" (its "welcome" did not offer them): report them over HTTP');
+    if (this.#dataset === undefined) throw new ShmProtocolError('"timings" needs an open consumer: send "open" first');
+    for (let i = 0; i < m.count; i++) {
+      const w = m.tWait[i], h = m.tH2d[i], c = m.tCompute[i];
+      onTimings(this.#dataset, { t_wait: w === w ? w : undefined, t_h2d: h === h ? h : undefined, t_compute: c === c ? c : undefined });
+    }
   }
 
   async #open(m: Record<string, unknown>): Promise<void> {
@@ -566,6 +597,7 @@ class ShmConnection {
     const layout = this.#ring.layout;
     const slots = layout.slots;
     this.#round = { startStep, endStep, slots, notify: m.notify === "wait" ? "wait" : "all" };
+    this.#dataset = reg.name;
     this.#send({
       t: "ring",
       path: this.#ring.path,

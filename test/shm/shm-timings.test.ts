@@ -1,0 +1,180 @@
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { RackfeedClient } from "../../src/client/mod.ts";
+import { connectUnix, localTransport } from "../../src/client/node.ts";
+import { decodeTimings, encodeFrame, encodeTimings, FrameDecoder, MAX_TIMINGS_STEPS, SHM_PROTOCOL_VERSION } from "../../src/shm/protocol.ts";
+import { type FaultProxy, startFaultProxy } from "../helpers/fault-proxy.ts";
+import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
+import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
+
+const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 64, seed: 3, split: "100,0,0", split_index: 0, num_samples: 4000 };
+/** One dataset per test: the telemetry metrics are labelled by dataset, so no test sees another's. */
+const NAMES = ["sdk", "late", "raw", "bad"];
+let ws: Workspace;
+let rf: RunningServer;
+let shmDir: string;
+
+beforeAll(async () => {
+  ws = await makeWorkspace();
+  await putSyntheticDataset(ws, "tok/d", 2000, 20, 300);
+  const flags: string[] = [];
+  for (const name of NAMES) flags.push(...(await datasetFlags(ws, name, REG)));
+  shmDir = join(ws.dir, "shm");
+  rf = await startServer(ws, [...flags, "--shm-dir", shmDir]);
+});
+afterAll(async () => {
+  await rf.close();
+  await ws.remove();
+});
+
+/** A proxy in front of the server that counts `POST /v1/telemetry` requests. */
+async function countingProxy(): Promise<{ proxy: FaultProxy; reports: () => number }> {
+  let reports = 0;
+  const proxy = await startFaultProxy(rf.url, (_n, req) => {
+    if (req.url === "/v1/telemetry") reports++;
+    return { kind: "pass" };
+  });
+  return { proxy, reports: () => reports };
+}
+
+/** A raw control connection that has said hello; `next()` reads one message. */
+async function greeted(): Promise<{ s: Awaited<ReturnType<typeof connectUnix>>; next: () => Promise<Record<string, unknown>>; welcome: Record<string, unknown> }> {
+  const s = await connectUnix(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
+  const dec = new FrameDecoder();
+  const inbox: Record<string, unknown>[] = [];
+  const next = async () => {
+    while (inbox.length === 0) {
+      const chunk = await s.read();
+      if (chunk === null) throw new Error("closed");
+      inbox.push(...dec.push(chunk));
+    }
+    return inbox.shift()!;
+  };
+  s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+  const welcome = await next();
+  expect(welcome.t).toBe("welcome");
+  return { s, next, welcome };
+}
+
+const f64 = (...v: number[]) => new Uint8Array(new Float64Array(v).buffer);
+
+describe("step timings over the shm socket", () => {
+  it("an SDK consumer over shm reports its timings on its socket, not over HTTP: every step counted and judged", async () => {
+    const { proxy, reports } = await countingProxy();
+    try {
+      const c = new RackfeedClient({ url: proxy.url, local: localTransport(), reportEvery: 16, reportIntervalMs: 0 });
+      const steps = 400;
+      let seen = 0;
+      for await (const b of c.batches("sdk", { rank: 0, world: 1, microBatch: 2, endStep: steps })) {
+        expect(b.transport).toBe("shm");
+        c.reportStep(b.step, { t_h2d: 0.0001, t_compute: 1 });
+        if (++seen === steps - 50) {
+          // Well before the end, most steps' timings are on the server, and none came over HTTP.
+          await waitFor(async () => (await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "sdk" })) >= steps - 100, "timings over the socket");
+          expect(reports()).toBe(0);
+        }
+      }
+      await c.close();
+      expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "sdk" })).toBe(steps);
+      expect(await rf.metric("rackfeed_t_h2d_seconds_count", { dataset: "sdk" })).toBe(steps);
+      expect(await rf.metric("rackfeed_t_compute_seconds_count", { dataset: "sdk" })).toBe(steps);
+      expect(await rf.metric("rackfeed_steps_total", { dataset: "sdk", healthy: "true" })).toBe(steps);
+      // At most the steps left when the ring closed went over HTTP, in one report.
+      expect(reports()).toBeLessThanOrEqual(1);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  it("timings that come after the iteration ended (t_compute a step late) go over HTTP, and every step is still judged once", async () => {
+    const { proxy, reports } = await countingProxy();
+    try {
+      const c = new RackfeedClient({ url: proxy.url, local: localTransport(), reportEvery: 8, reportIntervalMs: 0 });
+      const steps = 120;
+      let last = -1;
+      for await (const b of c.batches("late", { rank: 0, world: 1, microBatch: 2, endStep: steps })) {
+        c.reportStep(b.step, { t_h2d: 0.0001 });
+        if (last >= 0) c.reportStep(last, { t_compute: 1 }); // an asynchronous GPU: known at the next step
+        last = b.step;
+      }
+      const overShm = await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "late" });
+      expect(overShm).toBeGreaterThan(0);
+      c.reportStep(last, { t_compute: 1 });
+      await c.close();
+      expect(reports()).toBeGreaterThanOrEqual(1);
+      expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "late" })).toBe(steps);
+      expect(await rf.metric("rackfeed_steps_total", { dataset: "late", healthy: "true" })).toBe(steps);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  it("takes a timings message of any client on an open consumer: NaN is a timing not measured", async () => {
+    const { s, next, welcome } = await greeted();
+    try {
+      expect(welcome.timings).toBe(true);
+      s.write(encodeFrame({ t: "open", dataset: "raw", rank: 0, world: 1, microBatch: 1, startStep: 0, endStep: 4 }));
+      expect((await next()).t).toBe("ring");
+      const frame = encodeFrame({ t: "timings", steps: f64(0, 1, 2), t_wait: f64(0.001, NaN, 0.002), t_h2d: f64(NaN, NaN, NaN), t_compute: f64(0.5, 0.5, 0.5) });
+      s.write(frame);
+      await waitFor(async () => (await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "raw" })) === 2, "two t_wait");
+      expect(await rf.metric("rackfeed_t_compute_seconds_count", { dataset: "raw" })).toBe(3);
+      expect(await rf.metric("rackfeed_t_h2d_seconds_count", { dataset: "raw" })).toBe(0);
+      expect(await rf.metric("rackfeed_t_wait_seconds_sum", { dataset: "raw" })).toBeCloseTo(0.003, 9);
+    } finally {
+      s.close();
+    }
+  });
+
+  it("answers a malformed timings message with an error frame naming the field", async () => {
+    const good = { steps: f64(0, 1), t_wait: f64(0.1, 0.2), t_h2d: f64(NaN, NaN), t_compute: f64(NaN, NaN) };
+    const many = f64(...Array.from({ length: MAX_TIMINGS_STEPS + 1 }, (_, i) => i));
+    const cases: [Record<string, unknown>, boolean, RegExp][] = [
+      [good, false, /"timings" needs an open consumer/],
+      [{ ...good, t_wait: 0.1 }, true, /"timings" field "t_wait" must be bin/],
+      [{ ...good, t_h2d: f64(NaN) }, true, /same number of float64 values, got 16, 16, 8, 16 bytes/],
+      [{ ...good, t_wait: f64(0.1, -1) }, true, /t_wait\[1\] must be seconds from 0 to 86400, or NaN when not measured, got -1/],
+      [{ ...good, t_compute: f64(0.1, 1e6) }, true, /t_compute\[1\] must be seconds/],
+      [{ ...good, steps: f64(0, 1.5) }, true, /steps\[1\] must be a whole step number, got 1.5/],
+      [{ steps: many, t_wait: many, t_h2d: many, t_compute: many }, true, new RegExp(`holds ${MAX_TIMINGS_STEPS + 1} steps, at most ${MAX_TIMINGS_STEPS}`)],
+    ];
+    for (const [fields, open, message] of cases) {
+      const { s, next } = await greeted();
+      try {
+        if (open) {
+          s.write(encodeFrame({ t: "open", dataset: "bad", rank: 0, world: 1, microBatch: 1, startStep: 0, endStep: 2 }));
+          expect((await next()).t).toBe("ring");
+        }
+        s.write(encodeFrame({ t: "timings", ...fields } as never));
+        let reply = await next();
+        while (reply.t === "batch" || reply.t === "end") reply = await next();
+        expect(reply).toMatchObject({ t: "error", status: 400 });
+        expect(String(reply.message)).toMatch(message);
+      } finally {
+        s.close();
+      }
+    }
+    expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "bad" })).toBe(0);
+  });
+});
+
+describe("encodeTimings", () => {
+  it("cuts steps into frames of at most MAX_TIMINGS_STEPS that decode to the same timings, absent ones as NaN", () => {
+    const steps = Array.from({ length: MAX_TIMINGS_STEPS * 2 + 5 }, (_, i) => ({ step: i, t_wait: i / 1e6, ...(i % 3 === 0 ? { t_h2d: i / 1e5 } : {}), ...(i % 2 === 0 ? { t_compute: i / 1e3 } : {}) }));
+    const messages = new FrameDecoder().push(encodeTimings(steps));
+    expect(messages.map((m) => m.t)).toEqual(["timings", "timings", "timings"]);
+    const decoded = messages.map(decodeTimings);
+    expect(decoded.map((d) => d.count)).toEqual([MAX_TIMINGS_STEPS, MAX_TIMINGS_STEPS, 5]);
+    let i = 0;
+    for (const d of decoded) {
+      for (let k = 0; k < d.count; k++, i++) {
+        expect(d.tWait[k]).toBe(i / 1e6);
+        if (i % 3 === 0) expect(d.tH2d[k]).toBe(i / 1e5);
+        else expect(d.tH2d[k]).toBeNaN();
+        if (i % 2 === 0) expect(d.tCompute[k]).toBe(i / 1e3);
+        else expect(d.tCompute[k]).toBeNaN();
+      }
+    }
+    expect(i).toBe(steps.length);
+  });
+});
