@@ -1,10 +1,11 @@
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient } from "../../src/client/mod.ts";
-import { connectUnix, localTransport } from "../../src/client/node.ts";
-import { decodeTimings, encodeFrame, encodeTimings, FrameDecoder, MAX_TIMINGS_STEPS, SHM_PROTOCOL_VERSION } from "../../src/shm/protocol.ts";
+import { localTransport } from "../../src/client/node.ts";
+import { decodeTimings, encodeFrame, encodeTimings, FrameDecoder, MAX_TIMINGS_STEPS } from "../../src/shm/protocol.ts";
 import { type FaultProxy, startFaultProxy } from "../helpers/fault-proxy.ts";
 import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
+import { type GreetedControl, greetedControl } from "../helpers/shm-control.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 64, seed: 3, split: "100,0,0", split_index: 0, num_samples: 4000 };
@@ -37,23 +38,9 @@ async function countingProxy(): Promise<{ proxy: FaultProxy; reports: () => numb
   return { proxy, reports: () => reports };
 }
 
-/** A raw control connection that has said hello; `next()` reads one message. */
-async function greeted(): Promise<{ s: Awaited<ReturnType<typeof connectUnix>>; next: () => Promise<Record<string, unknown>>; welcome: Record<string, unknown> }> {
-  const s = await connectUnix(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
-  const dec = new FrameDecoder();
-  const inbox: Record<string, unknown>[] = [];
-  const next = async () => {
-    while (inbox.length === 0) {
-      const chunk = await s.read();
-      if (chunk === null) throw new Error("closed");
-      inbox.push(...dec.push(chunk));
-    }
-    return inbox.shift()!;
-  };
-  s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
-  const welcome = await next();
-  expect(welcome.t).toBe("welcome");
-  return { s, next, welcome };
+/** A raw control connection to the test server that has said hello. */
+async function greeted(): Promise<GreetedControl> {
+  return await greetedControl(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
 }
 
 const f64 = (...v: number[]) => new Uint8Array(new Float64Array(v).buffer);

@@ -33,6 +33,7 @@ import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServ
 import { NODE, NODE_TS, ROOT } from "../helpers/spawn.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 import { countingCopier } from "../helpers/counting-copier.ts";
+import { type GreetedControl, greetedControl } from "../helpers/shm-control.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 64, seed: 9, split: "100,0,0", split_index: 0, num_samples: 5000 };
 let ws: Workspace;
@@ -857,35 +858,23 @@ async function exchange(frames: Uint8Array[], n = 1, socket?: string): Promise<R
  * A polling consumer (`notify: "wait"`, micro-batch 20 from step 0 to `endStep`) whose ring the
  * server has filled: steps 0 .. slots-1 published, none released. Closes its socket on failure.
  */
-async function filledPollingRing(endStep: number): Promise<Awaited<ReturnType<typeof greeted>> & { slots: number }> {
-  const { s, next } = await greeted();
+async function filledPollingRing(endStep: number): Promise<GreetedControl & { slots: number }> {
+  const control = await greeted();
+  const { s, next } = control;
   try {
     s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 20, startStep: 0, endStep, notify: "wait" }));
     const slots = Number((await next()).slots);
     s.write(encodeFrame({ t: "wait", step: slots - 1 }));
     expect(await next()).toMatchObject({ t: "batch", step: slots - 1 });
-    return { s, next, slots };
+    return { ...control, slots };
   } catch (e) {
     s.close();
     throw e;
   }
 }
 
-async function greeted(): Promise<{ s: Awaited<ReturnType<typeof connectUnix>>; next: () => Promise<Record<string, unknown>> }> {
-  const s = await connectUnix(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
-  const dec = new FrameDecoder();
-  const inbox: Record<string, unknown>[] = [];
-  const next = async () => {
-    while (inbox.length === 0) {
-      const chunk = await s.read();
-      if (chunk === null) throw new Error("closed");
-      inbox.push(...dec.push(chunk));
-    }
-    return inbox.shift()!;
-  };
-  s.write(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
-  expect((await next()).t).toBe("welcome");
-  return { s, next };
+async function greeted(): Promise<GreetedControl> {
+  return await greetedControl(join(shmDir, `rackfeed-${new URL(rf.url).port}.sock`));
 }
 
 /** A socket file with no listener, as a killed process leaves it. */
