@@ -40,7 +40,7 @@ interface PyBatch {
   sha256: string;
 }
 
-async function runConsumer(args: string[]): Promise<{ batches: PyBatch[]; end: { end: number; waits: number } }> {
+async function runConsumer(args: string[]): Promise<{ batches: PyBatch[]; end: { end: number; waits: number; timed: number } }> {
   const { stdout } = await promisify(execFile)(PYTHON, [CONSUMER, socketPath, ...args], { timeout: 60_000, maxBuffer: 64 * 2 ** 20 });
   const lines = stdout.trim().split("\n").map((l) => JSON.parse(l));
   return { batches: lines.slice(0, -1), end: lines[lines.length - 1] };
@@ -71,5 +71,15 @@ describe("a Python client written from the README's protocol section", () => {
     }
     // The connection is gone, and so is its ring.
     await expect.poll(() => readdirSync(shmDir).filter((n) => n.endsWith(".ring")).length).toBe(0);
+  }, 90_000);
+
+  it("sends its steps' t_wait in timings messages (float64 bins packed by Python), which the server counts", async () => {
+    const before = await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" });
+    const [start, end] = [0, 150];
+    const { batches, end: last } = await runConsumer(["d", "0", "1", "2", String(start), String(end), "wait", TOKEN, "--timings"]);
+    expect(batches).toHaveLength(end - start);
+    expect(last.timed).toBe(end - start);
+    await expect.poll(() => rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" })).toBe(before + end - start);
+    expect(await rf.metric("rackfeed_t_compute_seconds_count", { dataset: "d" })).toBe(0);
   }, 90_000);
 });

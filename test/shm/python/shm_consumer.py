@@ -3,13 +3,16 @@
 It shows that the written protocol is enough for a client in another language, and is run by
 test/shm/python-client.test.ts against a real server. Debian's python3 with python3-msgpack.
 
-Usage: shm_consumer.py SOCKET DATASET RANK WORLD MICRO_BATCH START_STEP END_STEP all|wait [TOKEN] [--hold-ms N]
+Usage: shm_consumer.py SOCKET DATASET RANK WORLD MICRO_BATCH START_STEP END_STEP all|wait [TOKEN] [--hold-ms N] [--timings]
 Prints one JSON line per batch ({"step", "slot", "generation", "length", "first_sample",
-"cache", "sha256"}), then {"end": step, "waits": n} (n = `wait` messages sent).
+"cache", "sha256"}), then {"end": step, "waits": n, "timed": k} (n = `wait` messages sent, k =
+steps whose t_wait went to the server in `timings` messages: with --timings, where `welcome`
+offers them).
 """
 
 import hashlib
 import json
+import math
 import mmap
 import socket
 import struct
@@ -65,6 +68,9 @@ def main():
         k = argv.index("--hold-ms")
         hold_ms = float(argv[k + 1])
         del argv[k : k + 2]
+    timings = "--timings" in argv
+    if timings:
+        argv.remove("--timings")
     sock_path, dataset = argv[0], argv[1]
     rank, world, micro_batch, start, end = (int(x) for x in argv[2:7])
     notify = argv[7]
@@ -77,6 +83,20 @@ def main():
     ch.send(hello)
     welcome = ch.receive()
     assert welcome["t"] == "welcome" and welcome["version"] == 2, welcome
+    timings = timings and welcome.get("timings") is True
+    timed_steps, timed_waits, timed = [], [], 0
+
+    def send_timings():
+        # Four bins of float64 little-endian values, one per step; NaN = not measured.
+        nonlocal timed_steps, timed_waits, timed
+        if not timed_steps:
+            return
+        n = len(timed_steps)
+        f64 = lambda values: struct.pack("<%dd" % n, *values)
+        ch.queue({"t": "timings", "steps": f64(timed_steps), "t_wait": f64(timed_waits),
+                  "t_h2d": f64([math.nan] * n), "t_compute": f64([math.nan] * n)})
+        timed += n
+        timed_steps, timed_waits = [], []
     ch.send({"t": "open", "dataset": dataset, "rank": rank, "world": world, "microBatch": micro_batch,
              "startStep": start, "endStep": end, "slots": 4, "notify": notify})
     ring = ch.receive()
@@ -104,6 +124,7 @@ def main():
             break
         slot = (step - start) % slots
         generation = step - start + 1
+        waited_from = time.perf_counter()
         h = header(slot) if notify == "wait" and step < end_step else None
         if h is None or h[0] != generation:
             if notify == "wait" and step < end_step:
@@ -121,6 +142,11 @@ def main():
         gen, length, hstep, first_sample, cache = h
         if gen != generation or hstep != step or length > slot_bytes:
             raise SystemExit(f"stale slot {slot}: generation {gen} step {hstep}, expected {generation} step {step}")
+        if timings:
+            timed_steps.append(step)
+            timed_waits.append(time.perf_counter() - waited_from)
+            if len(timed_steps) >= 64:
+                send_timings()
         at = int(data_offset) + slot * int(slot_bytes)
         batch = view[at : at + length]  # zero-copy view of the slot
         print(json.dumps({"step": step, "slot": slot, "generation": generation, "length": length,
@@ -133,7 +159,9 @@ def main():
         if len(ch.outbox) >= max(1, slots // 4):
             ch.flush()
         step += 1
-    print(json.dumps({"end": end_step, "waits": waits}), flush=True)
+    send_timings()
+    ch.flush()
+    print(json.dumps({"end": end_step, "waits": waits, "timed": timed}), flush=True)
     view.release()
     mem.close()
     ch.sock.close()
