@@ -424,7 +424,11 @@ export class RackfeedClient {
           endStep: end,
           slots: Math.min(depth + 1, MAX_RING_SLOTS),
           signal,
-          onTimings: (send) => send ? this.#shmTimings.set(id, send) : this.#shmTimings.delete(id),
+          // Another iteration of the same consumer may have registered its own since: keep that one.
+          onTimings: (send, live) => {
+            if (live) this.#shmTimings.set(id, send);
+            else if (this.#shmTimings.get(id) === send) this.#shmTimings.delete(id);
+          },
         });
         try {
           for (;;) {
@@ -708,6 +712,9 @@ export class RackfeedClient {
 
   #record(id: string, t: StepTimings): void {
     if (this.#url === undefined) return; // a socket-only client has nowhere to report: keep nothing
+    // A measured wait the server would refuse (an injected clock that stepped back) is sent as
+    // not measured: a refused report must not cost the other timings, nor, over shm, the batches.
+    if (!(t.t_wait >= 0 && t.t_wait <= MAX_TIMING_SECONDS) && !Number.isNaN(t.t_wait)) t = { ...t, t_wait: NaN };
     const p = this.#pending.get(id)!;
     const had = p.steps.get(t.step);
     p.steps.set(t.step, had ? { ...had, ...t } : t);

@@ -143,17 +143,29 @@ export async function* shmBatches(
     slots: number;
     signal?: AbortSignal;
     /**
-     * Given, once the ring is open, a way to send this consumer's step timings over its socket
-     * (where the server takes them; it returns false once the connection is gone), and undefined
-     * when the iteration ends.
+     * Called with `live` true once the ring is open, where the server takes timings: `send`
+     * writes this consumer's step timings on its socket (false once the connection is gone or
+     * aborted); then with `live` false, the same `send`, when the iteration ends or is aborted.
      */
-    onTimings?: (send: ((steps: readonly StepTimingValues[]) => boolean) | undefined) => void;
+    onTimings?: (send: (steps: readonly StepTimingValues[]) => boolean, live: boolean) => void;
   },
 ): AsyncGenerator<SlotBatch, void, undefined> {
   c.signal?.throwIfAborted();
   const socket = await connect(transport, socketPath);
+  // Timings written once the connection is closed would be lost without a word (a closed
+  // socket drops writes): `send` refuses them from then on, and the client reports over HTTP.
+  let live = true;
+  let sendTimings: ((steps: readonly StepTimingValues[]) => boolean) | undefined;
+  const endTimings = () => {
+    live = false;
+    if (sendTimings) c.onTimings?.(sendTimings, false);
+    sendTimings = undefined;
+  };
   // Aborting closes the socket: a read blocked on it returns (the caller checks its signal).
-  const onAbort = () => socket.close();
+  const onAbort = () => {
+    endTimings();
+    socket.close();
+  };
   c.signal?.addEventListener("abort", onAbort, { once: true });
   // Aborted while connecting: the listener above never fires for a signal already aborted.
   if (c.signal?.aborted) {
@@ -216,15 +228,13 @@ export async function* shmBatches(
       if (outbox.frames > 0) socket.write(outbox.take());
     };
     if (got.timings && c.onTimings) {
-      c.onTimings((steps) => {
-        try {
-          flush(); // releases first: the server may be waiting for one
-          socket.write(encodeTimings(steps));
-          return true;
-        } catch {
-          return false; // closed under us (an abort): these go over HTTP
-        }
-      });
+      sendTimings = (steps) => {
+        if (!live) return false;
+        flush(); // releases first: the server may be waiting for one
+        socket.write(encodeTimings(steps));
+        return true;
+      };
+      c.onTimings(sendTimings, true);
     }
     for (let step = c.startStep;; step++) {
       c.signal?.throwIfAborted();
@@ -281,7 +291,7 @@ export async function* shmBatches(
     }
   } finally {
     // Timings queued from here on go over HTTP.
-    c.onTimings?.(undefined);
+    endTimings();
     // Close the socket first: the server stops writing and removes the ring; closing the reader
     // then gives the (unlinked) ring's pages back.
     c.signal?.removeEventListener("abort", onAbort);

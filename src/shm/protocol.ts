@@ -252,23 +252,30 @@ export function encodeTimings(steps: readonly StepTimingValues[]): Uint8Array {
 export interface DecodedTimings {
   readonly t: "timings";
   readonly count: number;
+  /** Timings outside 0–86 400 s, taken as not measured (NaN). */
+  readonly ignored: number;
   readonly tWait: Float64Array;
   readonly tH2d: Float64Array;
   readonly tCompute: Float64Array;
 }
 
 /**
- * Checks and copies a `timings` message out of its frame.
+ * Checks and copies a `timings` message out of its frame. A timing outside 0–86 400 s is taken
+ * as not measured, not refused: an error would end the consumer's batches for a telemetry value
+ * (a clock that stepped back), and the message has no answer to carry one. `steps` is not used
+ * beyond its length.
  *
  * @throws {ShmProtocolError} naming the field: not bin, lengths that differ or are not whole
- *   float64s, more than `MAX_TIMINGS_STEPS`, a step that is not a whole number, a timing that
- *   is neither NaN nor seconds from 0 to 86400
+ *   float64s, more than `MAX_TIMINGS_STEPS`
  */
 export function decodeTimings(m: Record<string, unknown>): DecodedTimings {
   const fields = ["steps", "t_wait", "t_h2d", "t_compute"] as const;
   const bins = fields.map((f) => {
     const v = m[f];
-    if (!(v instanceof Uint8Array)) throw new ShmProtocolError(`"timings" field "${f}" must be bin (float64 little-endian values), got ${typeof v}`);
+    if (!(v instanceof Uint8Array)) {
+      const what = v === null ? "nil" : typeof v === "object" ? `${(v as object).constructor?.name ?? "a map"} (pack the values' bytes as bin, not as an array or an ext)` : typeof v;
+      throw new ShmProtocolError(`"timings" field "${f}" must be bin (float64 little-endian values), got ${what}`);
+    }
     return v;
   });
   const bytes = bins[0].length;
@@ -278,22 +285,20 @@ export function decodeTimings(m: Record<string, unknown>): DecodedTimings {
   const count = bytes / 8;
   if (count > MAX_TIMINGS_STEPS) throw new ShmProtocolError(`"timings" holds ${count} steps, at most ${MAX_TIMINGS_STEPS}`);
   const views = bins.map((b) => new DataView(b.buffer, b.byteOffset, b.length));
-  for (let i = 0; i < count; i++) {
-    const step = views[0].getFloat64(i * 8, true);
-    if (!Number.isSafeInteger(step) || step < 0) throw new ShmProtocolError(`"timings" steps[${i}] must be a whole step number, got ${step}`);
-  }
   const out = [new Float64Array(count), new Float64Array(count), new Float64Array(count)];
+  let ignored = 0;
   for (let f = 1; f < 4; f++) {
     const col = out[f - 1];
     for (let i = 0; i < count; i++) {
       const v = views[f].getFloat64(i * 8, true);
-      if (!Number.isNaN(v) && !(v >= 0 && v <= MAX_TIMING_SECONDS)) {
-        throw new ShmProtocolError(`"timings" ${fields[f]}[${i}] must be seconds from 0 to ${MAX_TIMING_SECONDS}, or NaN when not measured, got ${v}`);
+      if (v >= 0 && v <= MAX_TIMING_SECONDS) col[i] = v;
+      else {
+        if (!Number.isNaN(v)) ignored++;
+        col[i] = NaN;
       }
-      col[i] = v;
     }
   }
-  return { t: "timings", count, tWait: out[0], tH2d: out[1], tCompute: out[2] };
+  return { t: "timings", count, ignored, tWait: out[0], tH2d: out[1], tCompute: out[2] };
 }
 
 /** A frame: 4-byte big-endian length, then a msgpack map. */

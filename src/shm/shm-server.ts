@@ -333,7 +333,8 @@ class ShmConnection {
         return;
       }
       for (let m of msgs) {
-        if (m.t === "timings") {
+        // Before a hello (none waiting to be handled) it is refused as any message would be.
+        if (m.t === "timings" && (this.#greeted || this.#queued > 0)) {
           // Copied out now: its arrays are views of the decoder's buffer, which the next chunk reuses.
           try {
             m = decodeTimings(m) as unknown as Record<string, unknown>;

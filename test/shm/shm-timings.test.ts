@@ -10,7 +10,7 @@ import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 64, seed: 3, split: "100,0,0", split_index: 0, num_samples: 4000 };
 /** One dataset per test: the telemetry metrics are labelled by dataset, so no test sees another's. */
-const NAMES = ["sdk", "late", "raw", "bad"];
+const NAMES = ["sdk", "late", "raw", "bad", "odd", "abort", "clock"];
 let ws: Workspace;
 let rf: RunningServer;
 let shmDir: string;
@@ -96,6 +96,43 @@ describe("step timings over the shm socket", () => {
     }
   });
 
+  it("after an abort, the consumer's queued timings go over HTTP, not into its closed socket", async () => {
+    const c = new RackfeedClient({ url: rf.url, local: localTransport(), reportEvery: 1000, reportIntervalMs: 60_000 });
+    const ac = new AbortController();
+    const iterator = c.batches("abort", { rank: 0, world: 1, microBatch: 2, endStep: 100, signal: ac.signal });
+    for (let i = 0; i < 10; i++) {
+      const r = await iterator.next();
+      expect(r.value!.transport).toBe("shm");
+      c.reportStep(r.value!.step, { t_h2d: 0.001, t_compute: 0.5 });
+    }
+    ac.abort(new Error("stop"));
+    await c.flush(); // the iterator has not run its end yet: the abort alone must take the socket out of use
+    expect(c.queuedSteps).toBe(0);
+    expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "abort" })).toBe(10);
+    await iterator.next().catch(() => {});
+    await c.close();
+  });
+
+  it("a measured wait the server would refuse (an injected clock that stepped back) goes as not measured: the batches go on", async () => {
+    let skew = 0;
+    let armed = -1;
+    // A clock that is set back 5 s while the SDK waits for a batch (a wall clock after an NTP step).
+    const now = () => {
+      if (armed >= 0 && armed++ === 1) skew -= 5000;
+      return performance.now() + skew;
+    };
+    const c = new RackfeedClient({ url: rf.url, local: localTransport(), reportEvery: 1, reportIntervalMs: 0, now });
+    let n = 0;
+    for await (const b of c.batches("clock", { rank: 0, world: 1, microBatch: 2, endStep: 200 })) {
+      expect(b.transport).toBe("shm");
+      n++;
+      if (b.step === 20) armed = 0;
+    }
+    await c.close();
+    expect(n).toBe(200);
+    expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "clock" })).toBe(199);
+  });
+
   it("takes a timings message of any client on an open consumer: NaN is a timing not measured", async () => {
     const { s, next, welcome } = await greeted();
     try {
@@ -113,16 +150,32 @@ describe("step timings over the shm socket", () => {
     }
   });
 
+  it("takes timings outside 0–86 400 s as not measured, and keeps serving the consumer's batches", async () => {
+    const { s, next } = await greeted();
+    try {
+      s.write(encodeFrame({ t: "open", dataset: "odd", rank: 0, world: 1, microBatch: 1, startStep: 0, endStep: 3 }));
+      expect((await next()).t).toBe("ring");
+      s.write(encodeFrame({ t: "timings", steps: f64(0, 1.5, -3), t_wait: f64(-1, 0.25, Infinity), t_h2d: f64(1e6, NaN, 0.1), t_compute: f64(NaN, NaN, NaN) }));
+      await waitFor(async () => (await rf.metric("rackfeed_t_h2d_seconds_count", { dataset: "odd" })) === 1, "the one t_h2d in range");
+      expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "odd" })).toBe(1);
+      expect(await rf.metric("rackfeed_t_wait_seconds_sum", { dataset: "odd" })).toBe(0.25);
+      // The connection serves on: its batches still come.
+      const got: string[] = [];
+      for (let m = await next(); got.push(String(m.t)), m.t !== "end"; m = await next());
+      expect(got).toEqual(["batch", "batch", "batch", "end"]);
+    } finally {
+      s.close();
+    }
+  });
+
   it("answers a malformed timings message with an error frame naming the field", async () => {
     const good = { steps: f64(0, 1), t_wait: f64(0.1, 0.2), t_h2d: f64(NaN, NaN), t_compute: f64(NaN, NaN) };
     const many = f64(...Array.from({ length: MAX_TIMINGS_STEPS + 1 }, (_, i) => i));
     const cases: [Record<string, unknown>, boolean, RegExp][] = [
       [good, false, /"timings" needs an open consumer/],
-      [{ ...good, t_wait: 0.1 }, true, /"timings" field "t_wait" must be bin/],
+      [{ ...good, t_wait: 0.1 }, true, /"timings" field "t_wait" must be bin \(float64 little-endian values\), got number/],
+      [{ ...good, t_wait: [0.1, 0.2] }, true, /field "t_wait" must be bin .*got Array \(pack the values' bytes as bin, not as an array or an ext\)/],
       [{ ...good, t_h2d: f64(NaN) }, true, /same number of float64 values, got 16, 16, 8, 16 bytes/],
-      [{ ...good, t_wait: f64(0.1, -1) }, true, /t_wait\[1\] must be seconds from 0 to 86400, or NaN when not measured, got -1/],
-      [{ ...good, t_compute: f64(0.1, 1e6) }, true, /t_compute\[1\] must be seconds/],
-      [{ ...good, steps: f64(0, 1.5) }, true, /steps\[1\] must be a whole step number, got 1.5/],
       [{ steps: many, t_wait: many, t_h2d: many, t_compute: many }, true, new RegExp(`holds ${MAX_TIMINGS_STEPS + 1} steps, at most ${MAX_TIMINGS_STEPS}`)],
     ];
     for (const [fields, open, message] of cases) {
