@@ -212,3 +212,26 @@ Deno.test("a mapping whose buffer was moved elsewhere has its pages given back o
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("the Deno SDK sends a consumer's step timings on its shm socket: every step counted, no HTTP report while it reads", async () => {
+  await withDenoShmServer({}, async (url) => {
+    let posts = 0;
+    const counting: typeof fetch = (input, init) => {
+      if (String(input instanceof Request ? input.url : input).endsWith("/v1/telemetry")) posts++;
+      return fetch(input, init);
+    };
+    const c = createClient({ url, fetch: counting, reportEvery: 16, reportIntervalMs: 0 });
+    const steps = 600;
+    let postsWhileReading = -1;
+    for await (const b of c.batches("t", { rank: 0, world: 1, microBatch: 2, endStep: steps })) {
+      assert.equal(b.transport, "shm");
+      c.reportStep(b.step, { t_h2d: 0.0001, t_compute: 1 });
+      if (b.step === steps - 1) postsWhileReading = posts;
+    }
+    await c.close();
+    const count = async (name: string) => Number((await (await fetch(`${url}/metrics`)).text()).match(new RegExp(`^${name}\\{dataset="t"\\} (\\S+)`, "m"))?.[1] ?? 0);
+    assert.equal(postsWhileReading, 0);
+    assert.equal(await count("rackfeed_t_wait_seconds_count"), steps);
+    assert.equal(await count("rackfeed_t_compute_seconds_count"), steps);
+  });
+});
