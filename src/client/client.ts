@@ -424,10 +424,15 @@ export class RackfeedClient {
           endStep: end,
           slots: Math.min(depth + 1, MAX_RING_SLOTS),
           signal,
-          // Another iteration of the same consumer may have registered its own since: keep that one.
           onTimings: (send, live) => {
             if (live) this.#shmTimings.set(id, send);
-            else if (this.#shmTimings.get(id) === send) this.#shmTimings.delete(id);
+            else if (this.#shmTimings.get(id) === send) {
+              // Its socket is about to close: what is queued goes on it now (the newest steps that
+              // still miss a timing the caller reports stay queued, for HTTP); another iteration
+              // of the same consumer may have registered its own since, which stays.
+              this.#background(this.#send(id, id));
+              this.#shmTimings.delete(id);
+            }
           },
         });
         try {
@@ -586,7 +591,6 @@ export class RackfeedClient {
    * @throws {RackfeedError} when a report failed (after the others were sent)
    */
   async #send(only: string | undefined, hold: string | undefined): Promise<void> {
-    if (this.#url === undefined) return; // a socket-only client has nowhere to report
     const reports: Promise<void>[] = [];
     for (const [id, p] of this.#pending) {
       if (p.steps.size === 0 || (only !== undefined && id !== only)) continue;
@@ -606,6 +610,11 @@ export class RackfeedClient {
       // Over the consumer's shm socket, when it has one: a frame of float64s, where an HTTP
       // report cost the server's event loop ~1.5 µs per step (parsing, HTTP) and the SDK a fetch.
       if (this.#shmTimings.get(id)?.(out)) continue;
+      if (this.#url === undefined) {
+        // A socket-only client whose consumer's socket is gone has nowhere else to send them.
+        this.#dropped += out.length;
+        continue;
+      }
       p.sending++;
       reports.push(this.#report(p.body, out).finally(() => p.sending--));
     }
@@ -711,7 +720,8 @@ export class RackfeedClient {
   }
 
   #record(id: string, t: StepTimings): void {
-    if (this.#url === undefined) return; // a socket-only client has nowhere to report: keep nothing
+    // A socket-only client reports on its consumer's shm socket only: without one, keep nothing.
+    if (this.#url === undefined && !this.#shmTimings.has(id)) return;
     // A measured wait the server would refuse (an injected clock that stepped back) is sent as
     // not measured: a refused report must not cost the other timings, nor, over shm, the batches.
     if (!(t.t_wait >= 0 && t.t_wait <= MAX_TIMING_SECONDS) && !Number.isNaN(t.t_wait)) t = { ...t, t_wait: NaN };

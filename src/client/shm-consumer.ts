@@ -145,7 +145,8 @@ export async function* shmBatches(
     /**
      * Called with `live` true once the ring is open, where the server takes timings: `send`
      * writes this consumer's step timings on its socket (false once the connection is gone or
-     * aborted); then with `live` false, the same `send`, when the iteration ends or is aborted.
+     * aborted); then with `live` false, the same `send`, when the iteration ends or is aborted,
+     * still usable during that call (the socket closes after it).
      */
     onTimings?: (send: (steps: readonly StepTimingValues[]) => boolean, live: boolean) => void;
   },
@@ -157,8 +158,9 @@ export async function* shmBatches(
   let live = true;
   let sendTimings: ((steps: readonly StepTimingValues[]) => boolean) | undefined;
   const endTimings = () => {
-    live = false;
+    // Told first, while the socket is still open: the client sends what it has queued on it.
     if (sendTimings) c.onTimings?.(sendTimings, false);
+    live = false;
     sendTimings = undefined;
   };
   // Aborting closes the socket: a read blocked on it returns (the caller checks its signal).

@@ -159,8 +159,10 @@ describe("shared-memory fast path", () => {
     }
   });
 
-  it("reads batches by socket path alone (no URL), the same bytes as HTTP, keeping no timings it has nowhere to report", async () => {
+  it("reads batches by socket path alone (no URL), the same bytes as HTTP, reporting its timings on the socket", async () => {
     const { socket } = (await (await fetch(`${rf.url}/v1/shm`)).json()) as { socket: string };
+    const waits = () => rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" });
+    const before = await waits();
     const c = new RackfeedClient({ socket, local: localTransport() });
     const seen: number[] = [];
     for await (const b of c.batches("d", { rank: 1, world: 2, microBatch: 3, startStep: 7, endStep: 107 })) {
@@ -170,9 +172,13 @@ describe("shared-memory fast path", () => {
       c.reportStep(b.step, { t_h2d: 0.001, t_compute: 0.01 });
     }
     expect(seen).toEqual(Array.from({ length: 100 }, (_, i) => 7 + i));
-    // Without a URL there is no /v1/telemetry: a client that queued them would grow by a step per batch.
-    expect(c.queuedSteps).toBe(0);
     await c.close();
+    // Every step's timings went on the consumer's socket (there is no /v1/telemetry without a URL).
+    expect(await waits()).toBe(before + 100);
+    expect(c.queuedSteps).toBe(0);
+    // Once its socket has closed a socket-only client keeps nothing: timings given now are not queued.
+    c.reportStep(106, { t_compute: 0.5 }, { dataset: "d", rank: 1, world: 2, microBatch: 3 });
+    expect(c.queuedSteps).toBe(0);
   });
 
   it("gives a slow consumer backpressure: the server fills no more slots than the ring holds, and drops nothing", async () => {
@@ -810,7 +816,10 @@ describe("shared-memory fast path", () => {
     const c = new RackfeedClient({ url: `http://127.0.0.1:${port}`, local: localTransport(), backoffMs: 20, maxBackoffMs: 200, retries: 50 });
     const got: { step: number; bytes: Uint8Array; transport: string }[] = [];
     let restarted: Promise<void> | undefined;
-    for await (const b of c.batches("d", { rank: 1, world: 2, microBatch: 3, endStep: 30, prefetch: 3 })) {
+    // More steps than a ring holds (64 slots for batches this small): the client must reconnect,
+    // not only read what the old server left published in its ring.
+    const steps = 200;
+    for await (const b of c.batches("d", { rank: 1, world: 2, microBatch: 3, endStep: steps, prefetch: 3 })) {
       got.push({ step: b.step, bytes: new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength).slice(), transport: b.transport });
       if (b.step === 7) {
         const old = server!;
@@ -823,7 +832,7 @@ describe("shared-memory fast path", () => {
     }
     await restarted;
     try {
-      expect(got.map((g) => g.step)).toEqual(Array.from({ length: 30 }, (_, i) => i));
+      expect(got.map((g) => g.step)).toEqual(Array.from({ length: steps }, (_, i) => i));
       expect(got.every((g) => g.transport === "shm")).toBe(true);
       expect(c.retried).toBeGreaterThan(0);
       for (const g of got) expectSameBytes(g.bytes, await httpSamples(server!.url, (g.step * 2 + 1) * 3, 3), `step ${g.step}`);
