@@ -291,6 +291,11 @@ export async function* shmBatches(
       outbox.pushRelease(slot, generation);
       if (outbox.frames >= group) flush();
     }
+  } catch (e) {
+    // A connection that failed (a server gone) would lose what is written on it now: the
+    // timings queued go over HTTP instead.
+    live = false;
+    throw e;
   } finally {
     // Timings queued from here on go over HTTP.
     endTimings();
