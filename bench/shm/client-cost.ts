@@ -7,7 +7,8 @@
  * says, every slot published before the client asks, and each released slot published again at
  * once with the step one lap later. The client is the real SDK: `shmBatches` (the ring protocol
  * alone) and `RackfeedClient.batches` (what trainers call: t_wait, timings queued and reported
- * every 32 steps to a `fetch` that answers in this process).
+ * every 32 steps: on the consumer's socket, as rackfeed's server offers, or, as to a server that
+ * does not, to a `fetch` that answers in this process or to a real server).
  *
  * Baseline, same run: the floor of any shm consumer, a loop doing only what a batch needs (read
  * its slot's generation, view its tokens, touch each page, publish the slot again), and, when
@@ -29,6 +30,7 @@ import type { LocalSocket, LocalTransport } from "../../src/client/shm-consumer.
 import { shmBatches } from "../../src/client/shm-consumer.ts";
 import {
   type ClientMessage,
+  decodeTimings,
   encodeFrame,
   encodeRingHeader,
   FrameDecoder,
@@ -61,6 +63,8 @@ class EagerRing {
   #endStep = 0;
   /** `wait` messages seen: a client that found a slot unpublished (never, if the bench is right). */
   waits = 0;
+  /** Steps whose timings came in `timings` messages. */
+  timed = 0;
   /** ms this stand-in spent decoding the client's messages and publishing: the server's work, taken off the client's figures. */
   serverMs = 0;
 
@@ -91,7 +95,7 @@ class EagerRing {
 }
 
 /** The SDK's local transport over an `EagerRing`, speaking the real framing on an in-process "socket". */
-function eagerTransport(ring: EagerRing): LocalTransport {
+function eagerTransport(ring: EagerRing, timings = false): LocalTransport {
   return {
     pollSlots: true,
     nextTurn: () => new Promise((r) => setImmediate(r)),
@@ -109,7 +113,7 @@ function eagerTransport(ring: EagerRing): LocalTransport {
         write(bytes) {
           const t0 = performance.now();
           for (const m of decoder.push(bytes) as unknown as ClientMessage[]) {
-            if (m.t === "hello") reply({ t: "welcome", version: m.version, instance: "bench" });
+            if (m.t === "hello") reply({ t: "welcome", version: m.version, instance: "bench", ...(timings ? { timings: true } : {}) });
             else if (m.t === "open") {
               const end = m.endStep ?? Infinity;
               ring.open(m.startStep, end);
@@ -119,6 +123,7 @@ function eagerTransport(ring: EagerRing): LocalTransport {
               reply({ t: "end", step: end });
             } else if (m.t === "release") ring.release(m.generation);
             else if (m.t === "wait") ring.waits++;
+            else if (m.t === "timings") ring.timed += decodeTimings(m as unknown as Record<string, unknown>).count;
           }
           ring.serverMs += performance.now() - t0;
         },
@@ -201,7 +206,7 @@ async function protocolOnly(): Promise<Run> {
  * own fetch (what a trainer pays), or, without it, to a stand-in in this process that parses them
  * as the server would (the SDK's own cost, no network).
  */
-async function wholeSdk(reportsTo: string | undefined): Promise<Run> {
+async function wholeSdk(reportsTo: string | undefined, timingsOnSocket = false): Promise<Run> {
   const ring = new EagerRing(SLOTS);
   let reported = 0;
   let fetchMs = 0;
@@ -216,7 +221,7 @@ async function wholeSdk(reportsTo: string | undefined): Promise<Run> {
     return realFetch ? await realFetch(input, init) : new Response(null, { status: 204 });
   }) as typeof fetch;
   const url = reportsTo ?? "http://bench.invalid";
-  const c = new RackfeedClient({ url, fetch: fetchHere, local: eagerTransport(ring) });
+  const c = new RackfeedClient({ url, fetch: fetchHere, local: eagerTransport(ring, timingsOnSocket) });
   let n = 0;
   let x = 0;
   for await (const b of c.batches(DATASET, { rank: 0, world: 1, microBatch: ROWS, endStep: BATCHES, prefetch: SLOTS - 1 })) {
@@ -226,7 +231,7 @@ async function wholeSdk(reportsTo: string | undefined): Promise<Run> {
   }
   await c.close();
   if (ring.waits !== 0) throw new Error(`sdk: the client waited ${ring.waits} times on an eager ring`);
-  if (reported !== n) throw new Error(`sdk: ${reported} steps reported of ${n}`);
+  if (reported + ring.timed !== n) throw new Error(`sdk: ${reported} steps reported over HTTP and ${ring.timed} on the socket, of ${n}`);
   if (x === 256) console.log("unreachable");
   // The parse of a report here is the bench's count (or the stand-in server's work), not the client's.
   return { batches: n, serverMs: ring.serverMs + fetchMs };
@@ -292,6 +297,7 @@ const demo = await startDemoServer();
 const rows: [string, () => Promise<Run>][] = [
   ["floor (generation, view, touch, publish)", floor],
   ["shmBatches (the ring protocol)", protocolOnly],
+  ["SDK batches(), timings on the shm socket (what rackfeed's server offers)", () => wholeSdk(undefined, true)],
   ["SDK batches(), reports parsed in-process", () => wholeSdk(undefined)],
   ["SDK batches(), reports to a real server", () => wholeSdk(demo.url)],
 ];
