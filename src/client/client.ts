@@ -445,7 +445,7 @@ export class RackfeedClient {
               if (c.endStep !== undefined && step < c.endStep) {
                 throw new RackfeedError(416, "RANGE_NOT_SATISFIABLE", `Step ${step} is beyond dataset "${dataset}" (world=${c.world}, micro_batch=${c.microBatch}): the server ended the shared-memory stream there`);
               }
-              this.#background(this.#send(undefined, id)); // its last steps may still wait for the caller's timings: close() sends them
+              this.#background(this.#send(undefined, true)); // steps still waiting for their callers' timings stay: close() sends them
               return;
             }
             const waitSeconds = (this.#now() - waitFrom) / 1000;
@@ -504,7 +504,7 @@ export class RackfeedClient {
       }
       // Never on the data path: a report that fails must not fail (or hold) the iteration; close()
       // waits for it, and sends the last steps still waiting for the caller's timings.
-      this.#background(this.#send(undefined, id));
+      this.#background(this.#send(undefined, true));
     } finally {
       c.signal?.removeEventListener("abort", onAbort);
       ac.abort(new DOMException("batches() ended", "AbortError"));
@@ -578,30 +578,34 @@ export class RackfeedClient {
 
   /** Sends the queued timings now. */
   async flush(): Promise<void> {
-    await this.#send(undefined, undefined);
+    // A step still waiting for a timing its caller reports stays queued (sent apart, its timings
+    // would never be judged together); close() sends those too.
+    await this.#send(undefined, true);
   }
 
   /**
    * Sends queued timings: every consumer's, or `only` this one's. Each consumer's steps leave the
    * queue before the first report is sent, so one slow report holds back no other consumer's
-   * steps and no step goes twice. `hold`: the consumer whose newest two steps, when they still
-   * miss a timing its caller reports (t_h2d, t_compute), are kept back for it: a step's timings
-   * must travel in one report, as the server judges a step healthy only from all three.
+   * steps and no step goes twice. `hold`: the consumer (or, with `true`, every consumer) whose
+   * newest two steps, when they still miss a timing its caller reports (t_h2d, t_compute), are
+   * kept back for it: a step's timings must travel in one report, as the server judges a step
+   * healthy only from all three.
    *
    * @throws {RackfeedError} when a report failed (after the others were sent)
    */
-  async #send(only: string | undefined, hold: string | undefined): Promise<void> {
+  async #send(only: string | undefined, hold: string | boolean): Promise<void> {
     const reports: Promise<void>[] = [];
     for (const [id, p] of this.#pending) {
       if (p.steps.size === 0 || (only !== undefined && id !== only)) continue;
+      const holding = hold === true || id === hold;
       let newest = -Infinity;
-      if (id === hold) for (const k of p.steps.keys()) newest = Math.max(newest, k);
+      if (holding) for (const k of p.steps.keys()) newest = Math.max(newest, k);
       const out: StepTimings[] = [];
       for (const [k, s] of p.steps) {
         // A step still missing a timing the caller reports (t_compute often comes a step late,
         // at the next synchronisation) waits while it is one of the newest two.
         const incomplete = (p.reportsH2d && s.t_h2d === undefined) || (p.reportsCompute && s.t_compute === undefined);
-        if (id === hold && k >= newest - 1 && incomplete) continue;
+        if (holding && k >= newest - 1 && incomplete) continue;
         out.push(s);
         p.steps.delete(k);
       }
@@ -645,7 +649,7 @@ export class RackfeedClient {
    */
   async close(): Promise<void> {
     await Promise.allSettled([...this.#reporting]);
-    await this.flush().catch(() => {});
+    await this.#send(undefined, false).catch(() => {});
   }
 
   /**

@@ -7,7 +7,7 @@
 import * as fs from "node:fs";
 import * as net from "node:net";
 import { arch } from "node:os";
-import { setImmediate } from "node:timers";
+import { setImmediate, setTimeout } from "node:timers";
 import { Agent, fetch as undiciFetch } from "undici";
 import type { MappedFile } from "../runtime/libc-common.ts";
 import { loadNodeMapping } from "../runtime/libc-node.ts";
@@ -107,6 +107,9 @@ export function mappedRing(m: MappedFile, opts: { unmap?: boolean } = {}): RingR
  */
 export const STORES_IN_ORDER = arch() === "x64";
 
+/** How long a closed control connection waits for the server to close its side before it is cut (ms). */
+const CLOSE_GRACE_MS = 2000;
+
 /** Connects to a Unix socket, returning chunks through `read()` with the socket paused between reads (backpressure). */
 export function connectUnix(path: string): Promise<LocalSocket> {
   return new Promise((resolve, reject) => {
@@ -114,6 +117,7 @@ export function connectUnix(path: string): Promise<LocalSocket> {
     const chunks: Uint8Array[] = [];
     let connected = false;
     let ended = false;
+    let closed = false;
     let waiter: (() => void) | undefined;
     s.on("data", (d: Uint8Array) => {
       chunks.push(d);
@@ -134,6 +138,7 @@ export function connectUnix(path: string): Promise<LocalSocket> {
       connected = true;
       resolve({
         async read() {
+          if (closed) return null;
           while (chunks.length === 0 && !ended) {
             s.resume();
             await new Promise<void>((r) => (waiter = r));
@@ -142,10 +147,17 @@ export function connectUnix(path: string): Promise<LocalSocket> {
           return chunks.shift() ?? null;
         },
         write(bytes) {
-          if (!s.destroyed) s.write(bytes);
+          if (!s.destroyed && !closed) s.write(bytes);
         },
         close() {
-          s.destroy();
+          // Ended, not destroyed: what is written but not yet taken by the kernel (timings written
+          // just before) still goes, then the server closes its side. Reads end now; a peer that
+          // never closes is cut off after a while.
+          if (closed) return;
+          closed = true;
+          finish();
+          s.end();
+          setTimeout(() => s.destroy(), CLOSE_GRACE_MS).unref();
         },
       });
     });

@@ -1,7 +1,7 @@
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient } from "../../src/client/mod.ts";
-import { localTransport } from "../../src/client/node.ts";
+import { connectUnix, localTransport } from "../../src/client/node.ts";
 import { decodeTimings, encodeFrame, encodeTimings, FrameDecoder, MAX_TIMINGS_STEPS } from "../../src/shm/protocol.ts";
 import { type FaultProxy, startFaultProxy } from "../helpers/fault-proxy.ts";
 import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
@@ -10,7 +10,7 @@ import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 64, seed: 3, split: "100,0,0", split_index: 0, num_samples: 4000 };
 /** One dataset per test: the telemetry metrics are labelled by dataset, so no test sees another's. */
-const NAMES = ["sdk", "late", "raw", "bad", "odd", "abort", "clock"];
+const NAMES = ["sdk", "late", "raw", "bad", "odd", "abort", "clock", "twoA", "twoB", "burst"];
 let ws: Workspace;
 let rf: RunningServer;
 let shmDir: string;
@@ -131,6 +131,42 @@ describe("step timings over the shm socket", () => {
     await c.close();
     expect(n).toBe(200);
     expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "clock" })).toBe(199);
+  });
+
+  it("flush() with several consumers keeps each one's steps still waiting for a timing: every step is judged once", async () => {
+    const c = new RackfeedClient({ url: rf.url, local: localTransport(), reportEvery: 1000, reportIntervalMs: 60_000 });
+    const names = ["twoA", "twoB"];
+    const iterators = names.map((dataset) => c.batches(dataset, { rank: 0, world: 1, microBatch: 2, endStep: 40 }));
+    const consumer = (dataset: string) => ({ dataset, rank: 0, world: 1, microBatch: 2 });
+    const last: number[] = [-1, -1];
+    for (let i = 0; i < 40; i++) {
+      for (const [k, it] of iterators.entries()) {
+        const step = (await it.next()).value!.step;
+        c.reportStep(step, { t_h2d: 0.0001 }, consumer(names[k]));
+        if (last[k] >= 0) c.reportStep(last[k], { t_compute: 1 }, consumer(names[k])); // an asynchronous GPU: a step late
+        last[k] = step;
+      }
+      if (i % 5 === 4) await c.flush();
+    }
+    for (const [k, it] of iterators.entries()) {
+      expect((await it.next()).done).toBe(true);
+      c.reportStep(last[k], { t_compute: 1 }, consumer(names[k]));
+    }
+    await c.close();
+    for (const name of names) {
+      expect(await rf.metric("rackfeed_t_compute_seconds_count", { dataset: name }), name).toBe(40);
+      expect(await rf.metric("rackfeed_steps_total", { dataset: name, healthy: "true" }), name).toBe(40);
+    }
+  });
+
+  it("delivers timings written just before the client closes its socket (more than the socket buffers hold)", async () => {
+    const { s, next } = await greeted();
+    s.write(encodeFrame({ t: "open", dataset: "burst", rank: 0, world: 1, microBatch: 1, startStep: 0, endStep: 2 }));
+    expect((await next()).t).toBe("ring");
+    const steps = Array.from({ length: 40 * MAX_TIMINGS_STEPS }, (_, i) => ({ step: i, t_wait: 0.001 }));
+    s.write(encodeTimings(steps)); // ~1.3 MB, most of it still in the client's buffers when it closes
+    s.close();
+    await waitFor(async () => (await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "burst" })) === steps.length, "every step written before the close", 5_000);
   });
 
   it("takes a timings message of any client on an open consumer: NaN is a timing not measured", async () => {
