@@ -1,7 +1,7 @@
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient } from "../../src/client/mod.ts";
-import { connectUnix, localTransport } from "../../src/client/node.ts";
+import { localTransport } from "../../src/client/node.ts";
 import { decodeTimings, encodeFrame, encodeTimings, FrameDecoder, MAX_TIMINGS_STEPS } from "../../src/shm/protocol.ts";
 import { type FaultProxy, startFaultProxy } from "../helpers/fault-proxy.ts";
 import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
