@@ -598,13 +598,15 @@ export class RackfeedClient {
     for (const [id, p] of this.#pending) {
       if (p.steps.size === 0 || (only !== undefined && id !== only)) continue;
       const holding = hold === true || id === hold;
+      // Only steps served in this client's loops are held (they have a t_wait): a timing that
+      // came for a step already sent can never be completed, and must not count as the newest.
       let newest = -Infinity;
-      if (holding) for (const k of p.steps.keys()) newest = Math.max(newest, k);
+      if (holding) for (const [k, s] of p.steps) if (!Number.isNaN(s.t_wait)) newest = Math.max(newest, k);
       const out: StepTimings[] = [];
       for (const [k, s] of p.steps) {
         // A step still missing a timing the caller reports (t_compute often comes a step late,
         // at the next synchronisation) waits while it is one of the newest two.
-        const incomplete = (p.reportsH2d && s.t_h2d === undefined) || (p.reportsCompute && s.t_compute === undefined);
+        const incomplete = !Number.isNaN(s.t_wait) && ((p.reportsH2d && s.t_h2d === undefined) || (p.reportsCompute && s.t_compute === undefined));
         if (holding && k >= newest - 1 && incomplete) continue;
         out.push(s);
         p.steps.delete(k);

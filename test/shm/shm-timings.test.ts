@@ -10,7 +10,7 @@ import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 64, seed: 3, split: "100,0,0", split_index: 0, num_samples: 4000 };
 /** One dataset per test: the telemetry metrics are labelled by dataset, so no test sees another's. */
-const NAMES = ["sdk", "late", "raw", "bad", "odd", "abort", "clock", "twoA", "twoB", "burst"];
+const NAMES = ["sdk", "late", "raw", "bad", "odd", "abort", "clock", "twoA", "twoB", "burst", "remnant"];
 let ws: Workspace;
 let rf: RunningServer;
 let shmDir: string;
@@ -157,6 +157,30 @@ describe("step timings over the shm socket", () => {
       expect(await rf.metric("rackfeed_t_compute_seconds_count", { dataset: name }), name).toBe(40);
       expect(await rf.metric("rackfeed_steps_total", { dataset: name, healthy: "true" }), name).toBe(40);
     }
+  });
+
+  it("a timing that comes for a step already sent holds back no later step (it can never be completed)", async () => {
+    const c = new RackfeedClient({ url: rf.url, local: localTransport() });
+    const consumer = { dataset: "remnant", rank: 0, world: 1, microBatch: 2 };
+    // A consumer reporting t_h2d with each step and t_compute a step late; the last after its loop.
+    const loop = async (startStep: number, steps: number) => {
+      let prev: number | undefined;
+      for await (const b of c.batches("remnant", { rank: 0, world: 1, microBatch: 2, startStep, endStep: startStep + steps })) {
+        c.reportStep(b.step, { t_h2d: 0.001 }, consumer);
+        if (prev !== undefined) c.reportStep(prev, { t_compute: 0.5 }, consumer);
+        prev = b.step;
+      }
+      c.reportStep(prev!, { t_compute: 0.5 }, consumer);
+      await c.flush();
+    };
+    // A fresh client's first step goes before it knows the caller reports t_compute (so that step
+    // is judged by no one: by design); its t_compute then comes alone, for step 50.
+    await loop(50, 1);
+    await loop(10, 3); // steps below 50: the last one's late t_compute must still travel with it
+    await c.close();
+    expect(await rf.metric("rackfeed_t_compute_seconds_count", { dataset: "remnant" })).toBe(4);
+    const judged = (await rf.metric("rackfeed_steps_total", { dataset: "remnant", healthy: "true" })) + (await rf.metric("rackfeed_steps_total", { dataset: "remnant", healthy: "false" }));
+    expect(judged).toBe(3);
   });
 
   it("delivers timings written just before the client closes its socket (more than the socket buffers hold)", async () => {
