@@ -89,13 +89,13 @@ export async function runCli(host: CliHost): Promise<ExitCode> {
     return await serve(host, command === "demo" ? rest : host.args, true);
   }
   if (command === "serve") {
-    if (rest.includes("--help") || rest.includes("-h")) {
+    if (wantsHelp(rest)) {
       host.print(USAGE);
       return 0;
     }
     return await serve(host, rest, false);
   }
-  if ((command === "prefetch" || command === "stats") && (rest.includes("--help") || rest.includes("-h"))) {
+  if ((command === "prefetch" || command === "stats") && wantsHelp(rest)) {
     host.print(`Usage:\n${ADMIN_USAGE}`);
     return 0;
   }
@@ -103,6 +103,11 @@ export async function runCli(host: CliHost): Promise<ExitCode> {
   if (command === "stats") return await statsCommand(rest, host);
   host.printError(`Unknown command "${command}"; expected serve, demo, prefetch or stats\n\n${USAGE}`);
   return 2;
+}
+
+/** Whether a command's arguments ask for its usage. */
+function wantsHelp(args: readonly string[]): boolean {
+  return args.includes("--help") || args.includes("-h");
 }
 
 async function serve(host: CliHost, args: readonly string[], demo: boolean): Promise<ExitCode> {

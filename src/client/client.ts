@@ -8,7 +8,7 @@
  */
 
 import { backoffDelay, sleep } from "../origin/retry.ts";
-import { MAX_REPORT_STEPS } from "../metrics/telemetry-report.ts";
+import { MAX_REPORT_STEPS, MAX_TIMING_SECONDS, type StepTimings } from "../metrics/telemetry-report.ts";
 import { MAX_RING_SLOTS } from "../shm/protocol.ts";
 import { type LocalTransport, ShmError, shmBatches, shmInstance, type SlotBatch } from "./shm-consumer.ts";
 
@@ -114,13 +114,7 @@ export interface StepBatch extends TokenBatch {
   readonly transport: "shm" | "http";
 }
 
-/** One step's timings, as reported to `POST /v1/telemetry`. */
-export interface StepTimings {
-  readonly step: number;
-  readonly t_wait: number;
-  readonly t_h2d?: number;
-  readonly t_compute?: number;
-}
+export type { StepTimings } from "../metrics/telemetry-report.ts";
 
 /** Raised for an answer that retrying cannot fix (4xx), with the server's message. */
 export class RackfeedError extends Error {
@@ -163,9 +157,6 @@ export const MAX_QUEUED_STEPS = Math.min(1024, MAX_REPORT_STEPS);
 
 /** Most reports of one consumer in flight at once (each of at most `MAX_QUEUED_STEPS` steps: 32 768 steps in all, ~2 MB). */
 export const MAX_REPORTS_IN_FLIGHT = 32;
-
-/** Most seconds a timing may hold (the server refuses a report with more, or a negative one). */
-const MAX_TIMING_SECONDS = 86_400;
 
 /** A fetch failure that no retry can fix: a bad URL, an untrusted certificate (undici's and Deno's causes). */
 function permanentFetchFailure(e: unknown): boolean {

@@ -18,8 +18,8 @@ import {
   SLOT_HEADER_BYTES,
   slotHeaderOffset,
   slotOfStep,
-  type StepTimingValues,
 } from "../shm/protocol.ts";
+import type { StepTimings } from "../metrics/telemetry-report.ts";
 
 /** How long a polling client re-checks the ring before it sends `wait` and blocks on the socket. */
 const POLL_SPIN_MS = 1;
@@ -148,7 +148,7 @@ export async function* shmBatches(
      * aborted); then with `live` false, the same `send`, when the iteration ends or is aborted,
      * still usable during that call (the socket closes after it).
      */
-    onTimings?: (send: (steps: readonly StepTimingValues[]) => boolean, live: boolean) => void;
+    onTimings?: (send: (steps: readonly StepTimings[]) => boolean, live: boolean) => void;
   },
 ): AsyncGenerator<SlotBatch, void, undefined> {
   c.signal?.throwIfAborted();
@@ -156,7 +156,7 @@ export async function* shmBatches(
   // Timings written once the connection is closed would be lost without a word (a closed
   // socket drops writes): `send` refuses them from then on, and the client reports over HTTP.
   let live = true;
-  let sendTimings: ((steps: readonly StepTimingValues[]) => boolean) | undefined;
+  let sendTimings: ((steps: readonly StepTimings[]) => boolean) | undefined;
   const endTimings = () => {
     // Told first, while the socket is still open: the client sends what it has queued on it.
     if (sendTimings) c.onTimings?.(sendTimings, false);

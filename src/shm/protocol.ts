@@ -9,6 +9,7 @@
 // on a terminal (and control frames are too small to gain from it).
 import { pack } from "msgpackr/pack";
 import { unpack } from "msgpackr/unpack";
+import { MAX_TIMING_SECONDS, type StepTimings } from "../metrics/telemetry-report.ts";
 
 /**
  * Protocol version sent in `hello` and checked by both ends. 2: slots taken in a fixed order,
@@ -212,24 +213,13 @@ export type ServerMessage =
 /** Most steps in one `timings` message: four arrays of float64, 32 KiB, well within a frame. */
 export const MAX_TIMINGS_STEPS = 1024;
 
-/** Most seconds a timing may hold (as `POST /v1/telemetry`). */
-const MAX_TIMING_SECONDS = 86_400;
-
-/** One step's timings, as the SDK queues them; an absent or NaN timing was not measured. */
-export interface StepTimingValues {
-  readonly step: number;
-  readonly t_wait: number;
-  readonly t_h2d?: number;
-  readonly t_compute?: number;
-}
-
 /**
  * `timings` frames for steps (at most `MAX_TIMINGS_STEPS` each), one buffer for one socket write.
  *
  * @param steps the steps and their timings
  * @returns the frames, concatenated
  */
-export function encodeTimings(steps: readonly StepTimingValues[]): Uint8Array {
+export function encodeTimings(steps: readonly StepTimings[]): Uint8Array {
   const frames: Uint8Array[] = [];
   for (let from = 0; from < steps.length; from += MAX_TIMINGS_STEPS) {
     const n = Math.min(MAX_TIMINGS_STEPS, steps.length - from);
@@ -252,8 +242,6 @@ export function encodeTimings(steps: readonly StepTimingValues[]): Uint8Array {
 export interface DecodedTimings {
   readonly t: "timings";
   readonly count: number;
-  /** Timings outside 0–86 400 s, taken as not measured (NaN). */
-  readonly ignored: number;
   readonly tWait: Float64Array;
   readonly tH2d: Float64Array;
   readonly tCompute: Float64Array;
@@ -286,19 +274,14 @@ export function decodeTimings(m: Record<string, unknown>): DecodedTimings {
   if (count > MAX_TIMINGS_STEPS) throw new ShmProtocolError(`"timings" holds ${count} steps, at most ${MAX_TIMINGS_STEPS}`);
   const views = bins.map((b) => new DataView(b.buffer, b.byteOffset, b.length));
   const out = [new Float64Array(count), new Float64Array(count), new Float64Array(count)];
-  let ignored = 0;
   for (let f = 1; f < 4; f++) {
     const col = out[f - 1];
     for (let i = 0; i < count; i++) {
       const v = views[f].getFloat64(i * 8, true);
-      if (v >= 0 && v <= MAX_TIMING_SECONDS) col[i] = v;
-      else {
-        if (!Number.isNaN(v)) ignored++;
-        col[i] = NaN;
-      }
+      col[i] = v >= 0 && v <= MAX_TIMING_SECONDS ? v : NaN;
     }
   }
-  return { t: "timings", count, ignored, tWait: out[0], tH2d: out[1], tCompute: out[2] };
+  return { t: "timings", count, tWait: out[0], tH2d: out[1], tCompute: out[2] };
 }
 
 /** A frame: 4-byte big-endian length, then a msgpack map. */

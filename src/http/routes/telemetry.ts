@@ -3,7 +3,7 @@
 import type { Hono } from "hono";
 import { badRequest } from "../../errors.ts";
 import type { Metrics } from "../../metrics/prometheus.ts";
-import { MAX_REPORT_STEPS } from "../../metrics/telemetry-report.ts";
+import { MAX_REPORT_STEPS, MAX_TIMING_SECONDS } from "../../metrics/telemetry-report.ts";
 import type { RequestBodies } from "../middleware/request-bodies.ts";
 import { bodyBound, routeDoc } from "../route-docs.ts";
 
@@ -56,8 +56,8 @@ function parseReport(body: unknown, known: readonly string[]): Report {
   // The entry's name is made only for an error: a report carries up to 10 000 steps.
   const seconds = (v: unknown, i: number, name: string): number | undefined => {
     if (v === undefined || v === null) return undefined;
-    if (typeof v !== "number" || !Number.isFinite(v) || v < 0 || v > 86_400) {
-      throw badRequest(`Invalid telemetry "steps[${i}].${name}": expected seconds from 0 to 86400, received ${JSON.stringify(v)}`);
+    if (typeof v !== "number" || !Number.isFinite(v) || v < 0 || v > MAX_TIMING_SECONDS) {
+      throw badRequest(`Invalid telemetry "steps[${i}].${name}": expected seconds from 0 to ${MAX_TIMING_SECONDS}, received ${JSON.stringify(v)}`);
     }
     return v;
   };
