@@ -22,6 +22,7 @@ import type { IndexBuilder } from "./runtime/index-builder.ts";
 import type { ClientGone, WhenDone } from "./runtime/listener.ts";
 import type { MapFile } from "./shm/ring-file.ts";
 import { type PieceCopier, withThreads } from "./batch/piece-copier.ts";
+import type { PlansAhead } from "./batch/plan-exchange.ts";
 import { SHM_PROTOCOL_VERSION } from "./shm/protocol.ts";
 import { type PeerIdentity, ShmServer } from "./shm/shm-server.ts";
 
@@ -91,6 +92,10 @@ export interface ServerEnv {
   readonly clientGone?: ClientGone;
   /** Builds large datasets' indexes off the event loop (see `IndexBuilder`); unset: on it. */
   readonly buildOffThread?: IndexBuilder;
+  /** Starts a planning thread for read-ahead (see `PlanningThread`); unset: every step is planned on the event loop. */
+  readonly startPlanningThread?: () => PlansAhead & { close(): Promise<void> };
+  /** CPUs this process may run on (`--planning-thread auto` starts the thread from 4 on); default 1. */
+  readonly cpus?: number;
   /** How long a shm connection may go without asking for a consumer (default 30 s; tests shorten it). */
   readonly shmOpenTimeoutMs?: number;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
@@ -187,6 +192,9 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     log: env.log,
     buildOffThread: env.buildOffThread,
   });
+  const planning = config.planningThread === "on" || (config.planningThread === "auto" && (env.cpus ?? 1) >= 4)
+    ? env.startPlanningThread?.()
+    : undefined;
   const readAhead = new ReadAhead({
     cache,
     now: env.now,
@@ -195,6 +203,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     // Look-ahead beyond half the memory tier would evict the blocks it just fetched.
     maxBytesPerConsumer: Math.max(config.blockBytes, Math.floor(config.memoryBytes / 2)),
     maxConsumers: 4096,
+    planAhead: planning,
   });
   nextUse = (k) => readAhead.nextUse(k);
   const prefetch = new PrefetchJobs({
@@ -263,6 +272,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     try {
       await datasets.register(d.name, d.body);
     } catch (e) {
+      await planning?.close();
       await cache.close();
       await disk.close();
       await closeOrigins();
@@ -345,6 +355,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     async close(graceMs?: number) {
       await shm?.close();
       prefetch.close();
+      await planning?.close();
       await cache.close(graceMs);
       await disk.close();
       await closeOrigins();

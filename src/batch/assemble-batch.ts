@@ -9,6 +9,7 @@ import { DTYPE_CODES, PIECE_STRIDE, type TokenDataset, type TokenDtype } from ".
 import { CacheServerError, RangeNotSatisfiableError } from "../errors.ts";
 import type { RegisteredDataset } from "./dataset-catalog.ts";
 import { blockAddress, PIECE_NUMBERS, type PieceCopier, SLICE_BYTES } from "./piece-copier.ts";
+import type { PlansAhead } from "./plan-exchange.ts";
 
 /** Bytes per token of each dtype. */
 export const ITEM_SIZE: Readonly<Record<TokenDtype, number>> = Object.fromEntries(
@@ -141,9 +142,18 @@ let lastRegId = 0;
  *
  * @param use who asks: a plan made for read-ahead is kept for the batch and the other way round (the second takes it out); `once` keeps nothing (a kept plan is still returned)
  * @param used false when the caller may still give up on this use (`takeResident`, whose batch may then be assembled by `assembleSamples`): it calls `planUsed` once it has not
+ * @param ahead where plans made on a planning thread are found (read-ahead's): a plan found there is not made again
  * @throws {RangeNotSatisfiableError} when the run leaves `[0, numSamples)`
  */
-export function planSamples(reg: RegisteredDataset, first: number, count: number, blockBytes: number, use: PlanUse = "batch", used = true): SamplePlan {
+export function planSamples(
+  reg: RegisteredDataset,
+  first: number,
+  count: number,
+  blockBytes: number,
+  use: PlanUse = "batch",
+  used = true,
+  ahead?: PlansAhead,
+): SamplePlan {
   const slot = planSlot(reg, first, count, blockBytes);
   const id = regIds.get(reg)!;
   const e = kept[slot];
@@ -155,7 +165,10 @@ export function planSamples(reg: RegisteredDataset, first: number, count: number
   // data-parallel rank's batches) finds it here rather than planning it again.
   const t = taken[slot & TAKEN_MASK];
   if (isPlanOf(t, id, first, count, blockBytes)) return t!.plan;
-  const plan = computePlan(reg, first, count, blockBytes);
+  const made = ahead?.take(id, first, count, blockBytes);
+  const plan: SamplePlan = made === undefined
+    ? computePlan(reg.dataset, reg.name, first, count, blockBytes)
+    : { segments: made.segments, segmentCount: made.segmentCount, blocks: made.blocks, keysOf: undefined, keys: EMPTY_KEYS } as PlanWithKeys;
   const bytes = (plan.segments.length + plan.blocks.length) * 8 + 256;
   if (use !== "once" && bytes <= PLAN_CACHE_BYTES / 16) {
     if (e !== undefined) keptBytes -= e.bytes;
@@ -191,10 +204,19 @@ function isPlanOf(e: KeptPlan | undefined, regId: number, first: number, count: 
   return e !== undefined && e.regId === regId && e.first === first && e.count === count && e.blockBytes === blockBytes;
 }
 
-/** The plan table slot of a run of samples (its dataset version numbered on first sight). */
-function planSlot(reg: RegisteredDataset, first: number, count: number, blockBytes: number): number {
+/**
+ * The number of a registered dataset version, given on first sight (from 1; a rebuilt dataset is
+ * a new version): plans are keyed by it, here and on a planning thread (`PlansAhead`).
+ */
+export function datasetVersionId(reg: RegisteredDataset): number {
   let id = regIds.get(reg);
   if (id === undefined) regIds.set(reg, (id = ++lastRegId));
+  return id;
+}
+
+/** The plan table slot of a run of samples (its dataset version numbered on first sight). */
+function planSlot(reg: RegisteredDataset, first: number, count: number, blockBytes: number): number {
+  const id = datasetVersionId(reg);
   return (Math.imul(first, 0x9e3779b1) ^ Math.imul(count + id + blockBytes, 0x85ebca6b)) >>> (32 - PLAN_SLOT_BITS);
 }
 
@@ -210,21 +232,27 @@ function takeOut(slot: number, use: PlanUse): void {
 /** Set while a plan is made: planning must not re-enter itself (the scratch arrays are shared). */
 let planning = false;
 
-function computePlan(reg: RegisteredDataset, first: number, count: number, blockBytes: number): SamplePlan {
+/**
+ * Makes the plan of samples `[first, first + count)` of a dataset, kept nowhere: what
+ * `planSamples` does on a miss, and what a planning thread does for the steps it is asked for.
+ *
+ * @param name the dataset's registered name, for the error message
+ * @throws {RangeNotSatisfiableError} when the run leaves `[0, numSamples)`
+ */
+export function computePlan(ds: TokenDataset, name: string, first: number, count: number, blockBytes: number): SamplePlan {
   if (planning) throw new Error("Planning re-entered itself: its scratch arrays would be overwritten");
   planning = true;
   try {
-    return planInScratch(reg, first, count, blockBytes);
+    return planInScratch(ds, name, first, count, blockBytes);
   } finally {
     planning = false;
   }
 }
 
-function planInScratch(reg: RegisteredDataset, first: number, count: number, blockBytes: number): SamplePlan {
-  const ds = reg.dataset;
+function planInScratch(ds: TokenDataset, name: string, first: number, count: number, blockBytes: number): SamplePlan {
   if (first + count > ds.numSamples) {
     throw new RangeNotSatisfiableError(
-      `Samples ${first}-${first + count - 1} of dataset "${reg.name}" do not exist: it has samples 0-${ds.numSamples - 1}`,
+      `Samples ${first}-${first + count - 1} of dataset "${name}" do not exist: it has samples 0-${ds.numSamples - 1}`,
     );
   }
   // A sample's pieces go to a scratch array reused by every call (planning is synchronous, so no

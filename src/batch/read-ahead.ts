@@ -8,6 +8,7 @@
 import type { BlockCache } from "../cache/block-cache.ts";
 import { blockIndex, blockKeys, blockSource, planSamples } from "./assemble-batch.ts";
 import type { RegisteredDataset } from "./dataset-catalog.ts";
+import type { PlansAhead } from "./plan-exchange.ts";
 
 /** Who reads: one trainer rank's view of a dataset. */
 export interface ConsumerKey {
@@ -43,6 +44,11 @@ export interface ReadAheadOptions {
   readonly maxBytesPerConsumer: number;
   /** Most consumers tracked; the least recently seen is forgotten beyond it. */
   readonly maxConsumers: number;
+  /**
+   * A planning thread: asked for the plans of the steps beyond those warmed (`PLAN_LEAD`), so
+   * that warming finds them made. Unset: every step is planned on the event loop.
+   */
+  readonly planAhead?: PlansAhead;
 }
 
 interface Consumer {
@@ -56,6 +62,8 @@ interface Consumer {
   stepSeconds: number;
   /** Highest step whose blocks have been warmed. */
   warmedThrough: number;
+  /** Highest step whose plan has been asked of the planning thread (`planAhead`). */
+  requestedThrough: number;
   /**
    * Steps after `step` that are scheduled, in step order from `head`: the block keys each needs,
    * when, and their bytes. A queue, not a map: steps are scheduled in order and released from the
@@ -81,6 +89,13 @@ interface ScheduledStep {
   readonly due: number;
   readonly bytes: number;
 }
+
+/**
+ * Steps beyond those warmed whose plans are asked of the planning thread, in groups of half as
+ * many (one wake-up of the thread per group): a group is planned while the event loop serves the
+ * group before it, so warming a step finds its plan made.
+ */
+const PLAN_LEAD = 64;
 
 /** Released entries a consumer's queue keeps at its front before it drops them in one go. */
 const RELEASED_KEPT = 64;
@@ -225,6 +240,7 @@ export class ReadAhead {
       if (jump) {
         this.#release(c, Infinity);
         c.warmedThrough = step;
+        c.requestedThrough = step;
       } else {
         this.#release(c, step); // steps served: their blocks are no longer protected for this consumer
       }
@@ -233,7 +249,7 @@ export class ReadAhead {
       if (step !== c.step) c.movedAt = now;
       c.step = step;
     } else {
-      c = { key: consumer, reg, step, movedAt: now, seenAt: now, stepSeconds: 0, warmedThrough: step, scheduled: [], head: 0, windowBytes: 0, dues: new Map(), owed: [], replaced: new WeakSet() };
+      c = { key: consumer, reg, step, movedAt: now, seenAt: now, stepSeconds: 0, warmedThrough: step, requestedThrough: step, scheduled: [], head: 0, windowBytes: 0, dues: new Map(), owed: [], replaced: new WeakSet() };
       if (this.#consumers.size >= this.#opts.maxConsumers) {
         const oldest = this.#consumers.keys().next().value!;
         this.#release(this.#consumers.get(oldest)!, Infinity);
@@ -260,7 +276,7 @@ export class ReadAhead {
   }
 
   #warm(c: Consumer): void {
-    const { cache, budgetSeconds, maxSteps, maxBytesPerConsumer } = this.#opts;
+    const { cache, budgetSeconds, maxSteps, maxBytesPerConsumer, planAhead } = this.#opts;
     // Until the rate is known, look two steps ahead; then cover the time budget.
     const want = c.stepSeconds > 0 ? Math.ceil(budgetSeconds / c.stepSeconds) : 2;
     const horizon = Math.min(maxSteps, Math.max(1, want));
@@ -274,7 +290,7 @@ export class ReadAhead {
     // never evicts its own blocks from the memory tier.
     for (let s = c.warmedThrough + 1; s <= target && c.windowBytes < maxBytesPerConsumer; s++) {
       const first = stepSamples(s, c.key.rank, c.key.world, c.key.microBatch);
-      const plan = planSamples(c.reg, first, c.key.microBatch, blockBytes, "read-ahead");
+      const plan = planSamples(c.reg, first, c.key.microBatch, blockBytes, "read-ahead", true, planAhead);
       const due = now + (s - c.step) * stepMs;
       const keys = blockKeys(cache, c.reg, plan);
       if (this.#tracking) this.#schedule(c, keys, due);
@@ -289,6 +305,19 @@ export class ReadAhead {
       c.windowBytes += bytes;
       c.warmedThrough = s;
     }
+    if (planAhead !== undefined && c.requestedThrough - c.warmedThrough < PLAN_LEAD / 2) this.#requestPlans(c, planAhead, lastStep);
+  }
+
+  /** Asks the planning thread for the plans of the consumer's steps up to `PLAN_LEAD` beyond those warmed. */
+  #requestPlans(c: Consumer, planAhead: PlansAhead, lastStep: number): void {
+    const { rank, world, microBatch } = c.key;
+    const blockBytes = this.#opts.cache.blockBytes;
+    const to = Math.min(c.warmedThrough + PLAN_LEAD, lastStep);
+    for (let s = Math.max(c.requestedThrough, c.warmedThrough) + 1; s <= to; s++) {
+      planAhead.request(c.reg, stepSamples(s, rank, world, microBatch), microBatch, blockBytes);
+    }
+    c.requestedThrough = Math.max(c.requestedThrough, to);
+    planAhead.flush();
   }
 
   /** Records that consumer `c` needs blocks `keys` at `due` (a step after those it has scheduled). */

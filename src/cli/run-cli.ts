@@ -48,6 +48,10 @@ export interface CliHost {
   readonly peers?: ServerEnv["peers"];
   /** See `ServerEnv.buildOffThread`. */
   readonly buildOffThread?: IndexBuilder;
+  /** See `ServerEnv.startPlanningThread`. */
+  readonly startPlanningThread?: ServerEnv["startPlanningThread"];
+  /** See `ServerEnv.cpus`. */
+  readonly cpus?: number;
   /** See `ServerEnv.s3HttpAuto`. */
   readonly s3HttpAuto?: ServerEnv["s3HttpAuto"];
   /** See `ServerEnv.s3FetchPool`. */
@@ -165,6 +169,8 @@ async function serve(host: CliHost, args: readonly string[], demo: boolean): Pro
       copier,
       peers: host.peers,
       buildOffThread: host.buildOffThread,
+      startPlanningThread: host.startPlanningThread,
+      cpus: host.cpus,
       s3HttpAuto: host.s3HttpAuto,
       s3FetchPool: host.s3FetchPool,
     });

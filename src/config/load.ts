@@ -53,6 +53,7 @@ export interface Config {
   readonly nativeGather: "auto" | "off";
   /** Threads of the native gather; 0: auto (the runtime binding's own count). */
   readonly nativeGatherThreads: number;
+  readonly planningThread: "auto" | "on" | "off";
   readonly batchInflightBytes: number;
   /** Bytes of request bodies received at once, all requests together. */
   readonly requestBodyBytes: number;

@@ -53,3 +53,51 @@ export function transferablesOf(value: unknown): ArrayBuffer[] {
   walk(value);
   return [...found];
 }
+
+/**
+ * A copy of `value` whose typed arrays live in `SharedArrayBuffer`s (plain objects and arrays
+ * copied, other values kept): a dataset's parts in this form are shared with a planning thread
+ * when posted to it, where ordinary arrays would be copied.
+ *
+ * @param value plain data
+ * @returns the copy
+ */
+export function shareArrays<T>(value: T): T {
+  const walk = (v: unknown): unknown => {
+    if (typeof v !== "object" || v === null) return v;
+    if (ArrayBuffer.isView(v)) {
+      if (v.buffer instanceof SharedArrayBuffer || v instanceof DataView) return v;
+      const a = v as unknown as Uint8Array;
+      const Ctor = a.constructor as new (b: SharedArrayBuffer) => Uint8Array;
+      const copy = new Ctor(new SharedArrayBuffer(a.byteLength));
+      copy.set(a);
+      return copy;
+    }
+    if (Array.isArray(v)) return v.map(walk);
+    return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, walk(x)]));
+  };
+  return walk(value) as T;
+}
+
+/**
+ * Bytes of the typed arrays under `value` that are not in a `SharedArrayBuffer` (0: posting it
+ * to another thread copies no array).
+ *
+ * @param value plain data
+ * @returns the bytes
+ */
+export function unsharedBytes(value: unknown): number {
+  let bytes = 0;
+  const seen = new Set<object>();
+  const walk = (v: unknown): void => {
+    if (typeof v !== "object" || v === null || seen.has(v)) return;
+    seen.add(v);
+    if (ArrayBuffer.isView(v)) {
+      if (!(v.buffer instanceof SharedArrayBuffer)) bytes += v.byteLength;
+      return;
+    }
+    for (const x of Array.isArray(v) ? v : Object.values(v)) walk(x);
+  };
+  walk(value);
+  return bytes;
+}

@@ -69,5 +69,5 @@ export {
   tokenDatasetParts,
   type TokenDatasetSource,
 } from "./token-dataset.ts";
-export { buildFromIndexFiles, type IndexBuildInput, transferablesOf } from "./index-build.ts";
+export { buildFromIndexFiles, type IndexBuildInput, shareArrays, transferablesOf, unsharedBytes } from "./index-build.ts";
 export { PAD_TOKEN, readSample, type TokenArray } from "./read-sample.ts";

@@ -7,6 +7,7 @@ import type { CliHost } from "../cli/run-cli.ts";
 import type { FetchPool } from "../origin/s3-origin.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
 import { workerIndexBuilder } from "./index-builder.ts";
+import { PlanningThread } from "./planning-thread.ts";
 import { hostMemoryLimit } from "./memory-limit.ts";
 import { canMapDeno, mapFileDeno, peerCredentialsDeno } from "./libc-deno.ts";
 import { loadDenoPieceCopier } from "./native-gather-deno.ts";
@@ -200,6 +201,8 @@ export function denoHost(): CliHost {
     memoryLimit: () =>
       hostMemoryLimit(granted({ name: "sys", kind: "systemMemoryInfo" }) ? {} : { totalmem: () => NaN }),
     buildOffThread: workerIndexBuilder("deno"),
+    startPlanningThread: () => new PlanningThread("deno"),
+    cpus: navigator.hardwareConcurrency ?? 1,
     // Deno's node:http client left sockets of aborted S3 requests open (fds grew under origin
     // faults, bench/RESULTS.md "S3 origin soak"); its own fetch closes them.
     s3HttpAuto: "fetch",

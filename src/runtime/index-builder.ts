@@ -16,7 +16,7 @@ const NODE_BOOT = new URL("./index-build-worker-node.mjs", import.meta.url);
 /**
  * An `IndexBuilder` that starts one worker thread per build (a build is rare; a worker costs
  * 0.1–0.5 s to start) and ends it with the build. The `.idx` bytes are moved to the worker, not
- * copied; the built arrays are moved back.
+ * copied; the built arrays come back in shared memory.
  *
  * @param runtime which runtime loads the worker: Node needs tsx registered in the thread first
  * @returns the builder

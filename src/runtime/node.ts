@@ -6,10 +6,12 @@ import * as http2 from "node:http2";
 import type { Http2Session } from "node:http2";
 import * as net from "node:net";
 import * as fs from "node:fs";
+import { availableParallelism } from "node:os";
 import { readFileSync } from "node:fs";
 import type { CliHost } from "../cli/run-cli.ts";
 import { type FetchHandler, hostPort, type Listener, type ListenLimits } from "./listener.ts";
 import { workerIndexBuilder } from "./index-builder.ts";
+import { PlanningThread } from "./planning-thread.ts";
 import { hostMemoryLimit } from "./memory-limit.ts";
 import { loadNodePieceCopier } from "./native-gather-node.ts";
 import { loadNodeFlock, loadNodeMapping, loadNodePeerCredentials } from "./libc-node.ts";
@@ -382,6 +384,8 @@ export function nodeHost(): CliHost {
     },
     memoryLimit: () => hostMemoryLimit(),
     buildOffThread: workerIndexBuilder("node"),
+    startPlanningThread: () => new PlanningThread("node"),
+    cpus: availableParallelism(),
     // Getters: koffi (a native addon, ~20 ms to load) is loaded only by commands that serve shm.
     get mapFile() {
       const map = loadNodeMapping();

@@ -1,0 +1,103 @@
+/**
+ * @module A planning thread for read-ahead: it makes the plans of consumers' coming steps, so the
+ * event loop copies each plan out of shared memory instead of making it (see `plan-exchange.ts`).
+ */
+
+import { Worker } from "node:worker_threads";
+import { datasetVersionId, type SamplePlan } from "../batch/assemble-batch.ts";
+import type { RegisteredDataset } from "../batch/dataset-catalog.ts";
+import { PLAN_EXCHANGE_BYTES, PlanExchange, type PlansAhead } from "../batch/plan-exchange.ts";
+import { shareArrays, tokenDatasetParts, unsharedBytes } from "../dataset/mod.ts";
+import type { PlanWorkerMessage } from "./plan-worker.ts";
+
+const WORKER = new URL("./plan-worker.ts", import.meta.url);
+const NODE_BOOT = new URL("./index-build-worker-node.mjs", import.meta.url);
+
+/**
+ * A dataset whose index arrays are not in shared memory (built on the event loop: small ones) is
+ * copied into shared memory for the thread up to this many bytes; a larger one is planned on the
+ * event loop, so no registration stalls it.
+ */
+const MAX_COPIED_INDEX_BYTES = 16 * 2 ** 20;
+
+/**
+ * Starts a planning thread, given the datasets it is asked about as they come (their index arrays
+ * shared, not copied). The thread does not keep the process alive.
+ *
+ * @example
+ * ```ts
+ * const planner = new PlanningThread("node");
+ * const readAhead = new ReadAhead({ ...opts, planAhead: planner });
+ * await planner.close();
+ * ```
+ */
+export class PlanningThread implements PlansAhead {
+  readonly #exchange = new PlanExchange(new SharedArrayBuffer(PLAN_EXCHANGE_BYTES));
+  readonly #worker: Worker;
+  /** Dataset versions seen: whether the thread holds each. */
+  readonly #held = new Map<number, boolean>();
+  /** Tells the thread to forget a dataset version once nothing here holds it. */
+  readonly #forget: FinalizationRegistry<number>;
+  #closed = false;
+
+  /** @param runtime which runtime loads the worker: Node needs tsx registered in the thread first */
+  constructor(runtime: "node" | "deno") {
+    const worker = runtime === "node" ? new Worker(NODE_BOOT, { workerData: { entry: WORKER.href } }) : new Worker(WORKER);
+    worker.unref();
+    // A thread that fails leaves every plan to the event loop, as if there were none.
+    worker.on("error", () => void this.close());
+    this.#worker = worker;
+    this.#post({ exchange: this.#exchange.buffer });
+    this.#forget = new FinalizationRegistry((regId) => {
+      this.#held.delete(regId);
+      this.#post({ forget: regId });
+    });
+  }
+
+  /** Plans taken from the thread, and plans it made (the latter counted on its side, so read here as those taken). */
+  get plansTaken(): number {
+    return this.#exchange.taken;
+  }
+
+  request(reg: RegisteredDataset, first: number, count: number, blockBytes: number): void {
+    if (this.#closed) return;
+    const regId = datasetVersionId(reg);
+    let held = this.#held.get(regId);
+    if (held === undefined) held = this.#offer(reg, regId);
+    if (held) this.#exchange.request(regId, first, count, blockBytes);
+  }
+
+  flush(): void {
+    this.#exchange.flush();
+  }
+
+  take(regId: number, first: number, count: number, blockBytes: number): SamplePlan | undefined {
+    return this.#closed ? undefined : this.#exchange.take(regId, first, count, blockBytes);
+  }
+
+  /** Ends the thread; plans are made on the event loop from then on. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    await this.#worker.terminate();
+  }
+
+  /** Sends a dataset version to the thread: its arrays shared, or copied into shared memory when small. */
+  #offer(reg: RegisteredDataset, regId: number): boolean {
+    let parts = tokenDatasetParts(reg.dataset);
+    const unshared = unsharedBytes(parts);
+    if (unshared > MAX_COPIED_INDEX_BYTES) {
+      this.#held.set(regId, false);
+      return false;
+    }
+    if (unshared > 0) parts = shareArrays(parts);
+    this.#post({ regId, name: reg.name, parts });
+    this.#held.set(regId, true);
+    this.#forget.register(reg, regId);
+    return true;
+  }
+
+  #post(m: PlanWorkerMessage): void {
+    if (!this.#closed) this.#worker.postMessage(m);
+  }
+}
