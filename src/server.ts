@@ -93,7 +93,7 @@ export interface ServerEnv {
   /** Builds large datasets' indexes off the event loop (see `IndexBuilder`); unset: on it. */
   readonly buildOffThread?: IndexBuilder;
   /** Starts a planning thread for read-ahead (see `PlanningThread`); unset: every step is planned on the event loop. */
-  readonly startPlanningThread?: () => PlansAhead & { close(): Promise<void> };
+  readonly startPlanningThread?: () => PlansAhead & { readonly plansTaken: number; close(): Promise<void> };
   /** CPUs this process may run on (`--planning-thread auto` starts the thread from 4 on); default 1. */
   readonly cpus?: number;
   /** How long a shm connection may go without asking for a consumer (default 30 s; tests shorten it). */
@@ -258,6 +258,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     datasetBuilds: () => datasets.builds(),
     lookahead,
     readAheadBlocks: () => readAhead.blocksWarmed,
+    readAheadSteps: () => ({ warmed: readAhead.stepsWarmed, plannedAhead: planning?.plansTaken ?? 0 }),
     cache: () => cache.stats(),
     memory: () => memory.stats(),
     disk: () => disk.stats(),

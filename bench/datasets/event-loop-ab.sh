@@ -95,17 +95,20 @@ run_one() { # $1 = checkout
   m0=$(cpu_ticks "$main"); p0=$(cpu_ticks "$proc")
   line=$(cd "$root" && "$DENO" run -A bench/shm/client.ts "$base" $DS 8 $STEPS "$PASSES" "${CLIENT_MODE[@]}" | tail -1)
   m1=$(cpu_ticks "$main"); p1=$(cpu_ticks "$proc")
+  # Plans made on the planning thread (--planning-thread), per step read-ahead warmed.
+  local ahead
+  ahead=$(curl -sf "$base/metrics" | awk '/^rackfeed_readahead_steps_total/ { n = $2 } /^rackfeed_plans_made_ahead_total/ { a = $2 } END { if (a > 0) printf "   planned ahead %.0f %%", 100 * a / n }')
   kill "$SERVER"; wait "$SERVER" 2>/dev/null || true
   SERVER=
   # The client's first pass is untimed: it is served too (with FRESH, over every step).
   node -e '
-    const [line, m, p, tick, steps, name, numpy] = process.argv.slice(1);
+    const [line, m, p, tick, steps, name, numpy, ahead] = process.argv.slice(1);
     const j = JSON.parse(line);
     const served = j.batches + Number(steps);
     const us = (t) => (Number(t) / Number(tick)) * 1e6 / served;
     const bound = 1e6 / us(m) / Number(numpy);
-    console.log(`${name.padEnd(24)} ${(j.batches / j.seconds).toFixed(0).padStart(6)} batches/s   event loop ${us(m).toFixed(1).padStart(5)} µs/batch (bound ${bound.toFixed(2)}× numpy)   process ${us(p).toFixed(1).padStart(5)} µs/batch`);
-  ' "$line" $((m1 - m0)) $((p1 - p0)) "$TICK" $EPOCH_STEPS "$(basename "$root")" "$NUMPY"
+    console.log(`${name.padEnd(24)} ${(j.batches / j.seconds).toFixed(0).padStart(6)} batches/s   event loop ${us(m).toFixed(1).padStart(5)} µs/batch (bound ${bound.toFixed(2)}× numpy)   process ${us(p).toFixed(1).padStart(5)} µs/batch${ahead}`);
+  ' "$line" $((m1 - m0)) $((p1 - p0)) "$TICK" $EPOCH_STEPS "$(basename "$root")" "$NUMPY" "$ahead"
 }
 
 echo "event-loop-ab: $DTYPE, $RUNTIME server ${SERVER_FLAGS:-}, $ROUNDS rounds × $PASSES passes of $STEPS steps${FRESH:+ (one consumer over all, every step new)}, $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC')"

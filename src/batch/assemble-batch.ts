@@ -370,6 +370,8 @@ export interface AssembleOptions {
   readonly into?: Uint8Array;
   /** The native gather, where the runtime loaded it; unset: pieces are copied in JavaScript. */
   readonly copier?: PieceCopier;
+  /** Where plans made on a planning thread are found (`ReadAhead.plansAhead`); unset: a plan not kept is made here. */
+  readonly ahead?: PlansAhead;
 }
 
 /** Slices queued for or running on the copier's threads, all batches together. */
@@ -419,7 +421,7 @@ export async function assembleSamples(
   const w = ds.windowLength;
   const bytes = checkedBodyBytes(reg, count, maxBytes);
   const blockBytes = cache.blockBytes;
-  const plan = planSamples(reg, first, count, blockBytes);
+  const plan = planSamples(reg, first, count, blockBytes, "batch", true, opts.ahead);
   let missing = 0;
   let missingFromOrigin = 0;
   let filling = 0;
@@ -638,11 +640,18 @@ export interface ResidentRun {
  * @throws {CacheServerError} `BAD_REQUEST` when the body would exceed `maxBytes`
  * @throws {RangeNotSatisfiableError} when a sample does not exist
  */
-export function takeResident(cache: BlockCache, reg: RegisteredDataset, first: number, count: number, maxBytes: number): ResidentRun | undefined {
+export function takeResident(
+  cache: BlockCache,
+  reg: RegisteredDataset,
+  first: number,
+  count: number,
+  maxBytes: number,
+  ahead?: PlansAhead,
+): ResidentRun | undefined {
   const bytes = checkedBodyBytes(reg, count, maxBytes);
   // Not the batch's use yet: a block missing sends the batch through assembleSamples, which then
   // finds read-ahead's plan still kept.
-  const plan = planSamples(reg, first, count, cache.blockBytes, "batch", false);
+  const plan = planSamples(reg, first, count, cache.blockBytes, "batch", false, ahead);
   const keys = blockKeys(cache, reg, plan);
   const got = new Array<Uint8Array>(keys.length);
   for (let pos = 0; pos < keys.length; pos++) {

@@ -147,6 +147,7 @@ export class ReadAhead {
    */
   #tracking = false;
   #blocksWarmed = 0;
+  #stepsWarmed = 0;
   /** The last consumer seen and its id: the shm path passes one key object for all its steps. */
   #lastKey: ConsumerKey | undefined;
   #lastId = "";
@@ -183,6 +184,20 @@ export class ReadAhead {
   /** Blocks whose fills read-ahead started, since start. */
   get blocksWarmed(): number {
     return this.#blocksWarmed;
+  }
+
+  /**
+   * The planning thread that plans consumers' coming steps (the `planAhead` option): a batch
+   * planned before read-ahead reaches its step (a group of shm steps, a window capped by bytes)
+   * looks there too.
+   */
+  get plansAhead(): PlansAhead | undefined {
+    return this.#opts.planAhead;
+  }
+
+  /** Steps whose blocks read-ahead warmed, since start. */
+  get stepsWarmed(): number {
+    return this.#stepsWarmed;
   }
 
   /**
@@ -304,6 +319,7 @@ export class ReadAhead {
       c.scheduled.push({ step: s, keys, due, bytes });
       c.windowBytes += bytes;
       c.warmedThrough = s;
+      this.#stepsWarmed++;
     }
     if (planAhead !== undefined && c.requestedThrough - c.warmedThrough < PLAN_LEAD / 2) this.#requestPlans(c, planAhead, lastStep);
   }

@@ -27,6 +27,8 @@ export interface MetricSources {
   readonly lookahead?: () => readonly ConsumerLookahead[];
   /** Blocks whose fills read-ahead started. */
   readonly readAheadBlocks?: () => number;
+  /** Steps read-ahead warmed, and plans the planning thread made that were used. */
+  readonly readAheadSteps?: () => { readonly warmed: number; readonly plannedAhead: number };
   /** Per-dataset traffic and slow batches. */
   readonly batches?: () => BatchStats;
   /** Dataset index builds, by where they ran (absent: no dataset layer). */
@@ -226,6 +228,9 @@ export class Metrics {
       consumerSamples((c) => c.stepSeconds));
     counter("rackfeed_readahead_blocks_total", "Block fills started by dataset read-ahead", [], () =>
       [[{}, src.readAheadBlocks?.() ?? 0]]);
+    counter("rackfeed_readahead_steps_total", "Steps whose blocks dataset read-ahead warmed", [], () => [[{}, src.readAheadSteps?.().warmed ?? 0]]);
+    counter("rackfeed_plans_made_ahead_total", "Plans of steps made on the planning thread (--planning-thread) and used: each one the event loop did not make", [], () =>
+      [[{}, src.readAheadSteps?.().plannedAhead ?? 0]]);
     counter("rackfeed_stream_readahead_stalls_total", "Times an object stream caught up with its read-ahead, which then doubled (up to the cap)", [], () =>
       [[{}, src.cache().streamStalls]]);
 

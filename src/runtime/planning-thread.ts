@@ -54,7 +54,7 @@ export class PlanningThread implements PlansAhead {
     });
   }
 
-  /** Plans taken from the thread, and plans it made (the latter counted on its side, so read here as those taken). */
+  /** Plans the event loop took from the thread (made there, not on the event loop). */
   get plansTaken(): number {
     return this.#exchange.taken;
   }

@@ -712,7 +712,7 @@ class ShmConnection {
           continue;
         }
         const first = stepSamples(step, consumer.rank, consumer.world, consumer.microBatch);
-        const batch = assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, { now: this.#o.now, into: ring.target(slot), copier });
+        const batch = assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, { now: this.#o.now, into: ring.target(slot), copier, ahead: this.#o.readAhead.plansAhead });
         // Awaited in order below; a later step failing first must not count as an unhandled rejection.
         batch.catch(() => (failed = true));
         inFlight.push({ step, slot, generation, first, t0, unit, batch, index: -1 });
@@ -745,7 +745,7 @@ class ShmConnection {
       if (s > step && this.#held.has(slotOfStep(s, from, slots).slot)) break;
       let run: ResidentRun | undefined;
       try {
-        run = takeResident(this.#o.cache, reg, stepSamples(s, consumer.rank, consumer.world, consumer.microBatch), consumer.microBatch, this.#o.maxBatchBytes);
+        run = takeResident(this.#o.cache, reg, stepSamples(s, consumer.rank, consumer.world, consumer.microBatch), consumer.microBatch, this.#o.maxBatchBytes, this.#o.readAhead.plansAhead);
       } catch {
         break;
       }
