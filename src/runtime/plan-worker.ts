@@ -19,7 +19,10 @@ const port = parentPort!;
 const datasets = new Map<number, { readonly ds: TokenDataset; readonly name: string }>();
 
 port.on("message", (m: PlanWorkerMessage) => {
-  if ("exchange" in m) void serve(new PlanExchange(m.exchange));
+  if ("exchange" in m) {
+    void serve(new PlanExchange(m.exchange));
+    port.postMessage("ready");
+  }
   else if ("parts" in m) datasets.set(m.regId, { ds: tokenDatasetFromParts(m.parts), name: m.name });
   else datasets.delete(m.forget);
 });

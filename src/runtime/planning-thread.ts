@@ -39,11 +39,14 @@ export class PlanningThread implements PlansAhead {
   /** Tells the thread to forget a dataset version once nothing here holds it. */
   readonly #forget: FinalizationRegistry<number>;
   #closed = false;
+  /** Resolves once the thread runs and takes requests (until then steps are planned on the event loop). */
+  readonly ready: Promise<void>;
 
   /** @param runtime which runtime loads the worker: Node needs tsx registered in the thread first */
   constructor(runtime: "node" | "deno") {
     const worker = runtime === "node" ? new Worker(NODE_BOOT, { workerData: { entry: WORKER.href } }) : new Worker(WORKER);
     worker.unref();
+    this.ready = new Promise((resolve) => worker.once("message", () => resolve()));
     // A thread that fails leaves every plan to the event loop, as if there were none.
     worker.on("error", () => void this.close());
     this.#worker = worker;

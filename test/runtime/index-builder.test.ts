@@ -36,6 +36,10 @@ describe("workerIndexBuilder (Node worker thread)", () => {
     expect(plans(built)).toEqual(plans(inline));
     expect(built.sources[0].gpt.shuffleIndex).toEqual(inline.sources[0].gpt.shuffleIndex);
     if (weighted) expect(built.blend!.datasetIndex).toEqual(inline.blend!.datasetIndex);
+    // Returned in shared memory, so a planning thread is given them without a copy.
+    const arrays: ArrayBufferView[] = [built.sources[0].gpt.shuffleIndex, built.sources[0].gpt.documentIndex, built.sources[0].index.pointers, built.sources[0].index.lengths];
+    if (weighted) arrays.push(built.blend!.datasetIndex, built.blend!.datasetSampleIndex);
+    expect(arrays.every((a) => a.buffer instanceof SharedArrayBuffer)).toBe(true);
   });
 
   it("raises the calling thread's error, code and message, for a malformed .idx", async () => {

@@ -9,13 +9,13 @@ import { encodeIndex } from "../../../src/dataset/mod.ts";
 import { denoBody, isAlive, listenDeno } from "../../../src/runtime/deno.ts";
 import { mapFileDeno, peerCredentialsDeno } from "../../../src/runtime/libc-deno.ts";
 import { withFd } from "../../../src/runtime/socket-fd.ts";
-import { createServer } from "../../../src/server.ts";
-import type { PieceCopier } from "../../../src/batch/piece-copier.ts";
+import { createServer, type ServerEnv } from "../../../src/server.ts";
+import { PlanningThread } from "../../../src/runtime/planning-thread.ts";
 import { loadDenoPieceCopier } from "../../../src/runtime/native-gather-deno.ts";
 import { countingCopier } from "../../helpers/counting-copier.ts";
 
 /** A Deno server with the shm path (rings mapped) over a small token dataset; `fn` gets its URL and shm directory. */
-async function withDenoShmServer(env: { copier?: PieceCopier }, fn: (url: string, dir: string) => Promise<void>): Promise<void> {
+async function withDenoShmServer(env: Partial<ServerEnv>, fn: (url: string, dir: string) => Promise<void>): Promise<void> {
   const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-shm-" });
   await Deno.mkdir(`${dir}/origin`);
   const lengths = Array.from({ length: 400 }, (_, i) => 50 + ((i * 37) % 200));
@@ -233,5 +233,29 @@ Deno.test("the Deno SDK sends a consumer's step timings on its shm socket: every
     assert.equal(postsWhileReading, 0);
     assert.equal(await count("rackfeed_t_wait_seconds_count"), steps);
     assert.equal(await count("rackfeed_t_compute_seconds_count"), steps);
+  });
+});
+
+Deno.test("plans coming steps on a planning thread (Deno), the batches byte-identical to the event loop's plans", async () => {
+  let thread: PlanningThread | undefined;
+  // auto: on with 4 CPUs or more.
+  await withDenoShmServer({ cpus: 8, startPlanningThread: () => (thread = new PlanningThread("deno")) }, async (url) => {
+    assert.ok(thread, "no planning thread started under auto with 8 CPUs");
+    await thread.ready; // its start (type-checked under deno test) outlasts the 700 steps below
+    // One run of samples, planned on the event loop: the reference.
+    const want = new Uint8Array(await (await fetch(`${url}/v1/datasets/t/samples?start=0&count=1400`)).arrayBuffer());
+    const per = (want.length / 1400) * 2;
+    const c = createClient({ url });
+    let n = 0;
+    for await (const b of c.batches("t", { rank: 0, world: 1, microBatch: 2, endStep: 700 })) {
+      assert.equal(b.transport, "shm");
+      assert.equal(b.step, n++);
+      assert.deepEqual(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength), want.subarray(b.step * per, (b.step + 1) * per), `step ${b.step}`);
+    }
+    await c.close();
+    assert.equal(n, 700);
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    const ahead = Number(/^rackfeed_plans_made_ahead_total (\S+)$/m.exec(metrics)?.[1]);
+    assert.ok(ahead > 350, `${ahead} of 700 steps planned on the planning thread`);
   });
 });
