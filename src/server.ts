@@ -98,6 +98,8 @@ export interface ServerEnv {
   readonly cpus?: number;
   /** How long a shm connection may go without asking for a consumer (default 30 s; tests shorten it). */
   readonly shmOpenTimeoutMs?: number;
+  /** How long an ended shm consumer's ring is kept for the next consumer (default 10 s; tests shorten it). */
+  readonly shmSpareRingMs?: number;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
   readonly makeOrigin?: (spec: Config["origins"][number]) => Origin | Promise<Origin>;
   /** The HTTP client S3 origins use under `--s3-http auto` on this runtime (default `node`). */
@@ -325,6 +327,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
         shm = await ShmServer.start({
           socketPath,
           openTimeoutMs: env.shmOpenTimeoutMs,
+          spareRingMs: env.shmSpareRingMs,
           dir: config.shmDir,
           catalog: datasets,
           cache,

@@ -36,7 +36,7 @@ export interface MetricSources {
   /** The pool of HTTP batch bodies (absent or undefined: a new body per batch). */
   readonly bodies?: () => BodyPoolStats | undefined;
   /** Shared-memory rings and connections (absent or undefined: the shm path is off). */
-  readonly shm?: () => { readonly rings: number; readonly ringBytes: number; readonly connections: number } | undefined;
+  readonly shm?: () => { readonly rings: number; readonly ringBytes: number; readonly spareRings: number; readonly connections: number } | undefined;
 }
 
 type Sample = readonly [labels: Record<string, string>, value: number];
@@ -193,9 +193,10 @@ export class Metrics {
       adaptive().map((o) => [{ origin: o.name }, o.firstByteSeconds!] as Sample));
     gauge("rackfeed_origin_stream_bytes_per_second", "Moving average of one read's body bandwidth", ["origin"], () =>
       adaptive().map((o) => [{ origin: o.name }, o.streamBytesPerSecond!] as Sample));
-    const shm = () => src.shm?.() ?? { rings: 0, ringBytes: 0, connections: 0 };
+    const shm = () => src.shm?.() ?? { rings: 0, ringBytes: 0, spareRings: 0, connections: 0 };
     gauge("rackfeed_shm_rings", "Shared-memory rings open (one per co-located consumer)", [], () => [[{}, shm().rings]]);
-    gauge("rackfeed_shm_ring_bytes", "Bytes of all shared-memory ring files", [], () => [[{}, shm().ringBytes]]);
+    gauge("rackfeed_shm_ring_bytes", "Bytes of all shared-memory ring files, spare ones included", [], () => [[{}, shm().ringBytes]]);
+    gauge("rackfeed_shm_spare_rings", "Rings of ended consumers kept for the next consumer of the same ring size", [], () => [[{}, shm().spareRings]]);
     gauge("rackfeed_shm_connections", "Connections on the shared-memory control socket", [], () => [[{}, shm().connections]]);
     counter("rackfeed_served_bytes_total", "Body bytes handed to each transport", ["transport"], () =>
       Object.entries(src.served()).map(([transport, v]) => [{ transport }, v] as Sample));

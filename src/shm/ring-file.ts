@@ -11,7 +11,7 @@ import { encodeRingHeader, type RingLayout, SLOT_HEADER_BYTES, type SlotHeader, 
 /** Maps `bytes` bytes of a file shared and writable; `unmap` must be called once nothing reads the view. */
 export type MapFile = (path: string, bytes: number) => { readonly bytes: Uint8Array; unmap(): void };
 
-/** Prefix of ring file names; `rackfeed-ring-<server pid>-<instance>-<n>.ring`. */
+/** Prefix of ring file names; `rackfeed-ring-<server pid>-<instance>-<n>.ring` (`.spare` while kept for the next consumer). */
 export const RING_PREFIX = "rackfeed-ring-";
 
 /** The shm directory has no room for a ring (a small tmpfs, e.g. a container's 64 MiB /dev/shm). */
@@ -23,13 +23,19 @@ export class RingSpaceError extends Error {
 }
 
 /**
+ * The zeros rings are allocated with, one buffer for all (only ever read): a new MiB per ring was
+ * external memory per consumer, which V8 answers with full collections.
+ */
+const ZEROS = new Uint8Array(1 << 20);
+
+/**
  * Writes zeros over the whole file, so that tmpfs allocates every page now: a sparse ring on a
  * full tmpfs would fail later, and a write through a mapping then kills the process (SIGBUS)
  * instead of returning ENOSPC. The writes run on the runtime's I/O threads, a MiB at a time: a
  * ring of a GiB or two took the event loop (every other consumer's batches) for seconds.
  */
 async function allocate(fd: number, bytes: number, signal: AbortSignal | undefined): Promise<void> {
-  const zeros = new Uint8Array(Math.min(bytes, 1 << 20));
+  const zeros = ZEROS.subarray(0, Math.min(bytes, ZEROS.length));
   for (let at = 0; at < bytes;) {
     signal?.throwIfAborted();
     at += await new Promise<number>((resolve, reject) =>
@@ -40,7 +46,7 @@ async function allocate(fd: number, bytes: number, signal: AbortSignal | undefin
 
 /** One consumer's ring, owned by the server. */
 export class RingFile {
-  readonly path: string;
+  #path: string;
   readonly layout: RingLayout;
   readonly #fd: number;
   readonly #map: ReturnType<MapFile> | undefined;
@@ -92,11 +98,36 @@ export class RingFile {
   }
 
   private constructor(path: string, layout: RingLayout, fd: number, map: ReturnType<MapFile> | undefined) {
-    this.path = path;
+    this.#path = path;
     this.layout = layout;
     this.#fd = fd;
     this.#map = map;
     if (map) this.#mapView = new DataView(map.bytes.buffer, map.bytes.byteOffset, map.bytes.byteLength);
+  }
+
+  /** The file's name now (a spare ring is renamed, see `recycle`). */
+  get path(): string {
+    return this.#path;
+  }
+
+  /**
+   * Makes the ring ready for another consumer: every slot header zeroed, so no slot is published
+   * (a new consumer's generations start at 1, and an old header could otherwise be taken for one
+   * of them). Its pages and mapping stay: a new ring costs page allocation (~1 ms for 4 MiB here)
+   * and a mapping that V8 counts as external memory, which it answers with full collections.
+   * Call only when no fill is writing into `target()`.
+   */
+  resetSlots(): void {
+    const from = slotHeaderOffset(0);
+    const to = slotHeaderOffset(this.layout.slots);
+    if (this.#map) this.#map.bytes.fill(0, from, to);
+    else fs.writeSync(this.#fd, ZEROS.subarray(0, to - from), 0, to - from, from);
+  }
+
+  /** Renames the file (out of the ring names clients are given while spare, then to a new ring name). */
+  rename(path: string): void {
+    fs.renameSync(this.#path, path);
+    this.#path = path;
   }
 
   /**
@@ -146,7 +177,7 @@ export class RingFile {
 
   /** Removes the file's name; the mapping and the pages stay until `close()`. */
   unlink(): void {
-    fs.rmSync(this.path, { force: true });
+    fs.rmSync(this.#path, { force: true });
   }
 
   /** Unmaps, closes and removes the file. Call only when no fill is writing into `target()`. */
@@ -156,7 +187,7 @@ export class RingFile {
     this.#views = [];
     this.#map?.unmap();
     fs.closeSync(this.#fd);
-    fs.rmSync(this.path, { force: true });
+    fs.rmSync(this.#path, { force: true });
   }
 }
 
@@ -228,7 +259,7 @@ export async function removeDeadRings(
   } catch {
     return removed;
   }
-  const ownedFile = new RegExp(`^${RING_PREFIX}(\\d+)-(.*?)(?:-\\d+\\.ring|\\.lock)$`);
+  const ownedFile = new RegExp(`^${RING_PREFIX}(\\d+)-(.*?)(?:-\\d+\\.(?:ring|spare)|\\.lock)$`);
   const owners = new Map<string, { pid: number; instance: string; files: string[] }>();
   for (const name of names) {
     const m = ownedFile.exec(name);

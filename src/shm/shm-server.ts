@@ -42,6 +42,7 @@ import {
   SHM_PROTOCOL_VERSION,
   ShmProtocolError,
   slotOfStep,
+  type RingLayout,
 } from "./protocol.ts";
 import { type MapFile, releaseRingOwnerLock, removeDeadRings, RING_PREFIX, RingFile, RingSpaceError, takeRingOwnerLock } from "./ring-file.ts";
 import type { FileLock, LockFile } from "../cache/disk-tier.ts";
@@ -68,6 +69,16 @@ const END_GRACE_MS = 1000;
  * then waits in the kernel's socket buffer, not in this process's heap.
  */
 const MAX_UNHANDLED_MESSAGES = 256;
+/**
+ * Rings of ended consumers kept for the next consumer of the same ring size (their pages
+ * allocated, their mapping made): at most this many, each for at most `SPARE_RING_MS`. A new
+ * ring's pages and mapping cost ~3 ms of the event loop per consumer here, most of it full
+ * collections (V8 counts each mapping as external memory); a trainer's next epoch, another
+ * rank, or a benchmark's next pass starts on a kept ring instead.
+ */
+const SPARE_RINGS = 4;
+/** How long a spare ring is kept unused before it is removed (ms). */
+const SPARE_RING_MS = 10_000;
 /** `wait`s a consumer may have outstanding (unpublished steps), per slot of its ring; more is error 400. */
 const MAX_WAITS_PER_SLOT = 2;
 /** Batch notices of a `notify: "all"` consumer wait at most this long to be sent together. */
@@ -99,6 +110,8 @@ export interface ShmServerOptions {
   readonly socketPath: string;
   /** How long a connection may go without asking for a consumer (`open`), in ms (default 30 s; tests shorten it). */
   readonly openTimeoutMs?: number;
+  /** How long an ended consumer's ring is kept for the next consumer, in ms (default 10 s; tests shorten it). */
+  readonly spareRingMs?: number;
   readonly dir: string;
   readonly catalog: DatasetCatalog;
   readonly cache: BlockCache;
@@ -142,8 +155,12 @@ export interface ShmServerOptions {
 
 /** What `/metrics` and the dashboard show of the shm path. */
 export interface ShmStats {
+  /** Rings of consumers now. */
   readonly rings: number;
+  /** Bytes of every ring file, spare ones included (all count in `--shm-bytes`). */
   readonly ringBytes: number;
+  /** Rings of ended consumers kept for the next one. */
+  readonly spareRings: number;
   readonly connections: number;
 }
 
@@ -154,6 +171,10 @@ export class ShmServer {
   readonly #conns = new Set<ShmConnection>();
   #ringSeq = 0;
   #ringBytes = 0;
+  /** Rings kept for the next consumer (`keepSpare`), oldest first, with when each was kept. */
+  readonly #spares: { ring: RingFile; at: number }[] = [];
+  #spareTimer: ReturnType<typeof unrefableTimeout> | undefined;
+  #closing = false;
   /** This server's ring lock (`ringOwnerLockPath`), held while it runs where the runtime has flock. */
   #ownerLock: FileLock | undefined;
 
@@ -224,14 +245,108 @@ export class ShmServer {
   stats(): ShmStats {
     let rings = 0;
     for (const c of this.#conns) if (c.hasRing) rings++;
-    return { rings, ringBytes: this.#ringBytes, connections: this.#conns.size };
+    return { rings, ringBytes: this.#ringBytes, spareRings: this.#spares.length, connections: this.#conns.size };
   }
 
-  /** Reserves room for a ring in the budget and names its file; undefined when the budget is full. */
+  /**
+   * Reserves room for a ring in the budget and names its file; undefined when the budget is full
+   * even without the spare rings (which are removed to make room).
+   */
   reserveRing(bytes: number): string | undefined {
+    while (this.#ringBytes + bytes > this.#opts.budgetBytes && this.#spares.length > 0) this.#dropSpare(0);
     if (this.#ringBytes + bytes > this.#opts.budgetBytes) return undefined;
     this.#ringBytes += bytes;
-    return `${this.#opts.dir}/${RING_PREFIX}${this.#opts.pid}-${this.#opts.instance}-${++this.#ringSeq}.ring`;
+    return this.#ringName("ring");
+  }
+
+  #ringName(kind: "ring" | "spare"): string {
+    return `${this.#opts.dir}/${RING_PREFIX}${this.#opts.pid}-${this.#opts.instance}-${++this.#ringSeq}.${kind}`;
+  }
+
+  /**
+   * A spare ring of exactly this layout, renamed to a new ring name, its budget still reserved;
+   * undefined when none is kept.
+   */
+  takeSpare(layout: RingLayout): RingFile | undefined {
+    const k = this.#spares.findIndex(({ ring: r }) =>
+      r.layout.slots === layout.slots && r.layout.slotBytes === layout.slotBytes && r.layout.fileBytes === layout.fileBytes && r.layout.dataOffset === layout.dataOffset
+    );
+    if (k < 0) return undefined;
+    const { ring } = this.#spares.splice(k, 1)[0];
+    try {
+      ring.rename(this.#ringName("ring"));
+      return ring;
+    } catch (e) {
+      this.#closeRing(ring, e);
+      return undefined;
+    }
+  }
+
+  /**
+   * Takes an ended consumer's ring out of the ring names at once (its client is gone, and so is
+   * its `.ring` file): renamed `.spare` to be kept for the next consumer (`keepSpare`, once its
+   * fills have stopped), else removed (its mapping stays until then).
+   */
+  retireRing(ring: RingFile): void {
+    if (!this.#closing) {
+      try {
+        ring.rename(this.#ringName("spare"));
+        return;
+      } catch (e) {
+        this.#opts.log(`rackfeed: ring ${ring.path} cannot be kept for the next consumer`, e);
+      }
+    }
+    ring.unlink();
+  }
+
+  /**
+   * Keeps a retired ring for the next consumer (see `RingFile.resetSlots`), or removes it and
+   * gives its bytes back to the budget. Call only once no fill writes into it.
+   */
+  keepSpare(ring: RingFile): void {
+    if (this.#closing || !ring.path.endsWith(".spare")) return this.#closeRing(ring);
+    try {
+      ring.resetSlots();
+    } catch (e) {
+      return this.#closeRing(ring, e);
+    }
+    this.#spares.push({ ring, at: this.#opts.now() });
+    if (this.#spares.length > SPARE_RINGS) this.#dropSpare(0);
+    this.#expireSpares();
+  }
+
+  /** Removes spare rings unused for `SPARE_RING_MS`, and looks again when the next one is due. */
+  #expireSpares(): void {
+    if (this.#spareTimer !== undefined) clearTimeout(this.#spareTimer);
+    this.#spareTimer = undefined;
+    const now = this.#opts.now();
+    while (this.#spares.length > 0 && now - this.#spares[0].at >= (this.#opts.spareRingMs ?? SPARE_RING_MS)) this.#dropSpare(0);
+    if (this.#spares.length === 0) return;
+    const due = this.#spares[0].at + (this.#opts.spareRingMs ?? SPARE_RING_MS) - now;
+    // A kept ring does not keep the process alive.
+    this.#spareTimer = unrefableTimeout(() => this.#expireSpares(), Math.max(1, due)).unref();
+  }
+
+  /** Removes every spare ring (a tmpfs with no room left for a new one); false when there was none. */
+  dropSpares(): boolean {
+    if (this.#spares.length === 0) return false;
+    while (this.#spares.length > 0) this.#dropSpare(0);
+    return true;
+  }
+
+  #dropSpare(k: number): void {
+    this.#closeRing(this.#spares.splice(k, 1)[0].ring);
+  }
+
+  /** Unmaps and removes a ring, and gives its bytes back to the budget. */
+  #closeRing(ring: RingFile, cause?: unknown): void {
+    if (cause !== undefined) this.#opts.log(`rackfeed: ring ${ring.path} cannot be kept for the next consumer`, cause);
+    try {
+      ring.close();
+    } catch (e) {
+      this.#opts.log(`rackfeed: closing ring ${ring.path} failed`, e);
+    }
+    this.releaseRing(ring.layout.fileBytes);
   }
 
   /** Gives a ring's bytes back to the budget. */
@@ -241,6 +356,9 @@ export class ShmServer {
 
   /** Stops listening, ends every connection (their rings are removed) and removes the socket. */
   async close(): Promise<void> {
+    this.#closing = true;
+    while (this.#spares.length > 0) this.#dropSpare(0);
+    if (this.#spareTimer !== undefined) clearTimeout(this.#spareTimer);
     const closed = new Promise<void>((r) => this.#server.close(() => r()));
     const conns = [...this.#conns];
     await Promise.all(conns.map((c) => c.end()));
@@ -409,18 +527,13 @@ class ShmConnection {
     const ring = this.#ring;
     if (!ring) return;
     this.#ring = undefined;
-    // The name goes now, so nothing is left behind even if this process dies next. The mapping
-    // stays until the fill loop has stopped: it may be waiting on an origin and then copy into
-    // its slot, and unmapping under it would fault. Shutdown does not wait for that origin.
-    ring.unlink();
-    void (this.#pump ?? Promise.resolve()).then(() => {
-      try {
-        ring.close();
-      } catch (e) {
-        this.#o.log(`rackfeed: closing ring ${ring.path} failed`, e);
-      }
-      this.#server.releaseRing(ring.layout.fileBytes);
-    });
+    // Its ring name goes now (renamed .spare, or removed). The mapping stays until the fill loop
+    // has stopped: it may be waiting on an origin and then copy into its slot, and unmapping
+    // under it would fault. Shutdown does not wait for that origin. Then the ring is kept for the
+    // next consumer, or removed. A spare left by a process that dies is removed at the next
+    // start, with the rings of dead servers.
+    this.#server.retireRing(ring);
+    void (this.#pump ?? Promise.resolve()).then(() => this.#server.keepSpare(ring));
   }
 
   #send(m: ServerMessage): void {
@@ -563,7 +676,13 @@ class ShmConnection {
     const deep = ringLayout(Math.max(asked, Math.min(MAX_RING_SLOTS, Math.floor(MIN_RING_BYTES / batchBytes))), batchBytes);
     const sizes = deep.slots > asked ? [deep, ringLayout(asked, batchBytes)] : [deep];
     let refusal = "";
-    for (const layout of sizes) {
+    for (let i = 0; i < sizes.length; i++) {
+      const layout = sizes[i];
+      const spare = this.#server.takeSpare(layout);
+      if (spare) {
+        this.#ring = spare;
+        break;
+      }
       const path = this.#server.reserveRing(layout.fileBytes);
       if (path === undefined) {
         refusal = `Shared-memory budget (--shm-bytes ${this.#o.budgetBytes}) is full; a ring of ${layout.fileBytes} bytes does not fit`;
@@ -577,6 +696,11 @@ class ShmConnection {
         this.#server.releaseRing(layout.fileBytes);
         if (creating.signal.aborted) return; // `end()` stopped it, and the file is gone
         if (!(e instanceof RingSpaceError)) throw e;
+        // The spare rings' pages make room: the same size again without them.
+        if (this.#server.dropSpares()) {
+          i--;
+          continue;
+        }
         refusal = `${e.message}: ${this.#o.dir} is full; grow it or lower --shm-bytes`;
         continue;
       }

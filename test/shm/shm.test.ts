@@ -87,6 +87,7 @@ afterAll(async () => {
 });
 
 const rings = () => (existsSync(shmDir) ? readdirSync(shmDir).filter((n) => n.endsWith(".ring")) : []);
+const spares = () => (existsSync(shmDir) ? readdirSync(shmDir).filter((n) => n.endsWith(".spare")) : []);
 
 async function httpSamples(url: string, start: number, count: number): Promise<Uint8Array> {
   const res = await fetch(`${url}/v1/datasets/d/samples?start=${start}&count=${count}`);
@@ -225,11 +226,83 @@ describe("shared-memory fast path", () => {
     expect(out).toContain("over shm");
     expect(rings().length).toBe(1);
     expect(await rf.metric("rackfeed_shm_rings")).toBe(1);
+    const ringBytes = await rf.metric("rackfeed_shm_ring_bytes");
+    expect(ringBytes).toBeGreaterThan(0);
     child.kill("SIGKILL");
+    // Its ring is no consumer's any more: kept for the next consumer (renamed .spare, its bytes
+    // still in the budget), or removed.
     await waitFor(
-      async () => rings().length === 0 && (await rf.metric("rackfeed_shm_rings")) === 0 && (await rf.metric("rackfeed_shm_ring_bytes")) === 0,
-      "the killed client's ring to be removed and its bytes given back",
+      async () => rings().length === 0 && (await rf.metric("rackfeed_shm_rings")) === 0 && (await rf.metric("rackfeed_shm_spare_rings")) === 1,
+      "the killed client's ring to be freed",
     );
+    expect(spares().length).toBe(1);
+    expect(await rf.metric("rackfeed_shm_ring_bytes")).toBe(ringBytes);
+  });
+
+  it("keeps an ended consumer's ring for the next consumer of the same size, every slot unpublished, and removes it when unused", async () => {
+    const dir = join(ws.dir, "shm-spares");
+    const ringsIn = (kind: string) => (existsSync(dir) ? readdirSync(dir).filter((n) => n.endsWith(kind)) : []);
+    let slow = false;
+    const server = await startServer(ws, [...args.filter((a) => a !== shmDir), dir, "--cache-dir", join(ws.dir, "c-spares")], {
+      shmSpareRingMs: 1500,
+      makeOrigin: (spec) => originWithSlowReads(spec, () => (slow ? sleep(400) : Promise.resolve())),
+    });
+    const socket = join(dir, `rackfeed-${new URL(server.url).port}.sock`);
+    try {
+      // A first consumer reads 3 steps: slots 0-2 hold generations 1-3 (steps 0-2).
+      const c = new RackfeedClient({ url: server.url, local: localTransport() });
+      let n = 0;
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: 3 })) {
+        expect(b.transport).toBe("shm");
+        n++;
+      }
+      expect(n).toBe(3);
+      await c.close();
+      await waitFor(() => ringsIn(".spare").length === 1 && ringsIn(".ring").length === 0, "the ring kept as a spare");
+      const inode = statSync(join(dir, ringsIn(".spare")[0])).ino;
+      // The next consumer starts at step 4000, whose blocks come from an origin that now takes
+      // 400 ms a read: its slots 0-2 (generations 1-3 again) are not filled for a while, and a
+      // header left from the first consumer would be taken for one of them.
+      slow = true;
+      const { s, next } = await greetedControl(socket);
+      try {
+        s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 1, startStep: 4000, endStep: 4003, notify: "wait" }));
+        const ring = await next();
+        expect(ring.t).toBe("ring");
+        expect(ringsIn(".spare")).toEqual([]);
+        expect(statSync(String(ring.path)).ino).toBe(inode); // the same pages, under a new ring name
+        const file = readFileSync(String(ring.path));
+        const view = new DataView(file.buffer, file.byteOffset, file.byteLength);
+        for (let i = 0; i < 3; i++) expect(decodeSlotHeader(view, slotHeaderOffset(i)).generation, `slot ${i}`).toBe(0);
+        slow = false;
+        // Its batches, once filled, are its own.
+        const want = await httpSamples(server.url, 4000, 3);
+        const per = want.length / 3;
+        for (const step of [4000, 4001, 4002]) {
+          s.write(encodeFrame({ t: "wait", step }));
+          let notice = await next();
+          while (notice.t === "end") notice = await next(); // told once its last step is filled
+          expect(notice).toMatchObject({ t: "batch", step });
+          const bytes = readFileSync(String(ring.path)).subarray(Number(ring.dataOffset) + Number(notice.slot) * Number(ring.slotBytes));
+          expect(new Uint8Array(bytes.subarray(0, per))).toEqual(want.subarray((step - 4000) * per, (step - 3999) * per));
+          s.write(encodeFrame({ t: "release", slot: notice.slot as number, generation: notice.generation as number }));
+        }
+      } finally {
+        s.close();
+      }
+      await waitFor(async () => ringsIn(".spare").length === 1 && (await server.metric("rackfeed_shm_spare_rings")) === 1, "kept again");
+      expect(await server.metric("rackfeed_shm_ring_bytes")).toBeGreaterThan(0);
+      // Unused for its time: removed, its bytes given back.
+      await waitFor(async () => ringsIn(".spare").length === 0 && (await server.metric("rackfeed_shm_ring_bytes")) === 0, "the spare removed", 10_000);
+      // And a spare left at shutdown is removed with the rest.
+      for await (const _ of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: 2 })) { /* read */ }
+      await c.close();
+      await waitFor(() => ringsIn(".spare").length === 1, "kept once more");
+    } finally {
+      await server.close();
+    }
+    expect(ringsIn(".spare")).toEqual([]);
+    expect(ringsIn(".ring")).toEqual([]);
   });
 
   it("fills slots in a fixed round, and tells a polling client of a batch only when it waits for it", async () => {
@@ -630,11 +703,14 @@ describe("shared-memory fast path", () => {
       s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 4, startStep: 0 }));
       await waitFor(() => stalled > 0 && ringFiles().length === 1, "a fill to wait on the origin");
       s.close();
-      // The file goes now; its mapping and budget wait for the fill, which waits for the origin.
+      // The ring file goes now; its mapping and budget wait for the fill, which waits for the
+      // origin; only then is it kept for the next consumer.
       await waitFor(async () => ringFiles().length === 0 && (await stuck.metric("rackfeed_shm_rings")) === 0, "the ring file to be removed");
       expect(await stuck.metric("rackfeed_shm_ring_bytes")).toBeGreaterThan(0);
+      await new Promise((r) => setTimeout(r, 100));
+      expect(await stuck.metric("rackfeed_shm_spare_rings")).toBe(0);
       release();
-      await waitFor(async () => (await stuck.metric("rackfeed_shm_ring_bytes")) === 0, "the ring's budget to come back once the fill stops");
+      await waitFor(async () => (await stuck.metric("rackfeed_shm_spare_rings")) === 1, "the ring kept once the fill stops");
     } finally {
       s.close();
       release();
@@ -710,7 +786,9 @@ describe("shared-memory fast path", () => {
     }
     // What a server killed with -9 leaves: its rings, and a socket file nobody listens on.
     writeFileSync(join(dir, "rackfeed-ring-4242-deadbeef-1.ring"), new Uint8Array(8192));
+    writeFileSync(join(dir, "rackfeed-ring-4242-deadbeef-2.spare"), new Uint8Array(8192)); // a ring it kept for its next consumer
     writeFileSync(join(dir, "rackfeed-ring-77-cafe-1.ring"), new Uint8Array(8192)); // pid 77 is alive here
+    writeFileSync(join(dir, "rackfeed-ring-77-cafe-2.spare"), new Uint8Array(8192));
     // An earlier server with the pid the next one gets (a container's pid 1 restarted): alive by
     // its pid, dead by its instance.
     writeFileSync(join(dir, "rackfeed-ring-1234-0ld1n5t4-3.ring"), new Uint8Array(8192));
@@ -720,7 +798,7 @@ describe("shared-memory fast path", () => {
       isAlive: (pid) => pid !== 4242,
     });
     try {
-      expect(readdirSync(dir).sort()).toEqual(["not-a-socket", "rackfeed-ring-77-cafe-1.ring", "rf.sock"]);
+      expect(readdirSync(dir).sort()).toEqual(["not-a-socket", "rackfeed-ring-77-cafe-1.ring", "rackfeed-ring-77-cafe-2.spare", "rf.sock"]);
       const c = new RackfeedClient({ url: second.url, local: localTransport() });
       for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: 2 })) {
         expect(b.transport).toBe("shm");
