@@ -338,6 +338,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
           onTimings: (d, t) => metrics!.observeStep(d, t),
           maxBatchBytes: config.maxBatchBytes,
           slots: config.shmSlots,
+          spareRings: config.shmSpareRings,
           budgetBytes: config.shmBytes,
           readToken: config.readToken,
           instance,

@@ -418,6 +418,14 @@ export const TUNABLES = {
     parse: intIn(1, MAX_RING_SLOTS),
     doc: "Slots per shm ring when the client asks for none: batches filled ahead of the trainer",
   } as Tunable<number>,
+  shmSpareRings: {
+    key: "shmSpareRings",
+    flag: "--shm-spare-rings",
+    env: "RACKFEED_SHM_SPARE_RINGS",
+    default: "4",
+    parse: intIn(0, 64),
+    doc: "Rings of ended consumers kept (each for 10 s, within --shm-bytes) for the next consumer of the same ring size, which then starts without allocating and mapping a new one; 0 removes every ring with its consumer",
+  } as Tunable<number>,
   shmBytes: {
     key: "shmBytes",
     flag: "--shm-bytes",

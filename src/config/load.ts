@@ -69,6 +69,7 @@ export interface Config {
   /** Unix socket path of the shm control channel; undefined: chosen from the port once listening. */
   readonly shmSocket: string | undefined;
   readonly shmSlots: number;
+  readonly shmSpareRings: number;
   readonly shmBytes: number;
   readonly shutdownGrace: number;
   readonly adminToken: string | undefined;

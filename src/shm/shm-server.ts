@@ -70,14 +70,9 @@ const END_GRACE_MS = 1000;
  */
 const MAX_UNHANDLED_MESSAGES = 256;
 /**
- * Rings of ended consumers kept for the next consumer of the same ring size (their pages
- * allocated, their mapping made): at most this many, each for at most `SPARE_RING_MS`. A new
- * ring's pages and mapping cost ~3 ms of the event loop per consumer here, most of it full
- * collections (V8 counts each mapping as external memory); a trainer's next epoch, another
- * rank, or a benchmark's next pass starts on a kept ring instead.
+ * How long a spare ring (see `ShmServerOptions.spareRings`) is kept unused before it is
+ * removed (ms).
  */
-const SPARE_RINGS = 4;
-/** How long a spare ring is kept unused before it is removed (ms). */
 const SPARE_RING_MS = 10_000;
 /** `wait`s a consumer may have outstanding (unpublished steps), per slot of its ring; more is error 400. */
 const MAX_WAITS_PER_SLOT = 2;
@@ -110,6 +105,14 @@ export interface ShmServerOptions {
   readonly socketPath: string;
   /** How long a connection may go without asking for a consumer (`open`), in ms (default 30 s; tests shorten it). */
   readonly openTimeoutMs?: number;
+  /**
+   * Rings of ended consumers kept for the next consumer of the same ring size (their pages
+   * allocated, their mapping made; `--shm-spare-rings`, default 0 here). A new ring's pages and
+   * mapping cost ~3 ms of the event loop per consumer here, most of it full collections (V8
+   * counts each mapping as external memory); a trainer's next epoch, another rank, or a
+   * benchmark's next pass starts on a kept ring instead.
+   */
+  readonly spareRings?: number;
   /** How long an ended consumer's ring is kept for the next consumer, in ms (default 10 s; tests shorten it). */
   readonly spareRingMs?: number;
   readonly dir: string;
@@ -288,7 +291,7 @@ export class ShmServer {
    * fills have stopped), else removed (its mapping stays until then).
    */
   retireRing(ring: RingFile): void {
-    if (!this.#closing) {
+    if (!this.#closing && (this.#opts.spareRings ?? 0) > 0) {
       try {
         ring.rename(this.#ringName("spare"));
         return;
@@ -311,7 +314,7 @@ export class ShmServer {
       return this.#closeRing(ring, e);
     }
     this.#spares.push({ ring, at: this.#opts.now() });
-    if (this.#spares.length > SPARE_RINGS) this.#dropSpare(0);
+    if (this.#spares.length > (this.#opts.spareRings ?? 0)) this.#dropSpare(0);
     this.#expireSpares();
   }
 

@@ -305,6 +305,21 @@ describe("shared-memory fast path", () => {
     expect(ringsIn(".ring")).toEqual([]);
   });
 
+  it("keeps no ring with --shm-spare-rings 0: its file and bytes go with its consumer", async () => {
+    const dir = join(ws.dir, "shm-no-spares");
+    const server = await startServer(ws, [...args.filter((a) => a !== shmDir), dir, "--shm-spare-rings", "0"]);
+    try {
+      const c = new RackfeedClient({ url: server.url, local: localTransport() });
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: 3 })) expect(b.transport).toBe("shm");
+      await c.close();
+      await waitFor(async () => (await server.metric("rackfeed_shm_ring_bytes")) === 0, "the ring's bytes given back");
+      expect(readdirSync(dir).filter((n) => n.endsWith(".ring") || n.endsWith(".spare"))).toEqual([]);
+      expect(await server.metric("rackfeed_shm_spare_rings")).toBe(0);
+    } finally {
+      await server.close();
+    }
+  });
+
   it("fills slots in a fixed round, and tells a polling client of a batch only when it waits for it", async () => {
     const { s, next } = await greeted();
     try {
@@ -630,6 +645,35 @@ describe("shared-memory fast path", () => {
     });
   });
 
+  it("removes kept rings when the shm directory has no room for a new one", async () => {
+    const dir = join(ws.dir, "tiny-spares");
+    // Room for two rings of 64 slots of 8 KiB, not for those and a ring of 64 slots of 4 KiB.
+    await withTmpfs(dir, "1200k", async () => {
+      const server = await startServer(ws, [...dataset, "--shm-dir", dir, "--shm-bytes", "64MiB"]);
+      const held = [];
+      try {
+        const c = new RackfeedClient({ url: server.url, local: localTransport({ map: false }) });
+        // A ring of 64 slots of 4 KiB (~260 KiB), kept once its consumer ends.
+        for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 10, endStep: 3 })) expect(b.transport).toBe("shm");
+        await waitFor(async () => (await server.metric("rackfeed_shm_spare_rings")) === 1, "a kept ring");
+        // Rings of 64 slots of 8 KiB (~520 KiB): the first fits beside the kept one; the second
+        // does not, and the kept ring makes room (else the consumer would get a ring of the 3
+        // slots it asked for).
+        for (let i = 0; i < 2; i++) {
+          const it = c.batches("d", { rank: 0, world: 1, microBatch: 60, endStep: 100, prefetch: 2 });
+          held.push(it);
+          expect((await it.next()).value!.transport, `consumer ${i}`).toBe("shm");
+        }
+        expect(await server.metric("rackfeed_shm_spare_rings")).toBe(0);
+        const sizes = readdirSync(dir).filter((n) => n.endsWith(".ring")).map((n) => statSync(join(dir, n)).size);
+        expect(sizes).toEqual(Array(2).fill(ringLayout(MAX_RING_SLOTS, 60 * 65 * 2).fileBytes));
+      } finally {
+        for (const it of held) await it.return(undefined);
+        await server.close();
+      }
+    });
+  });
+
   it("falls back to HTTP when the shm directory has no inode left for a ring", async () => {
     const dir = join(ws.dir, "no-inodes");
     await withTmpfs(dir, "16m,nr_inodes=16", async () => {
@@ -656,13 +700,13 @@ describe("shared-memory fast path", () => {
     });
   });
 
-  it("gives a finished ring's memory back at once: a mapped client's kept view then reads zeros, and the tmpfs is free", async () => {
+  it("gives a finished ring's memory back at once where none is kept (--shm-spare-rings 0): a mapped client's kept view then reads zeros, and the tmpfs is free", async () => {
     const tmpfs = join(ws.dir, "tmpfs-release");
     // The umount at the end also checks that nothing maps the tmpfs any more.
     await withTmpfs(tmpfs, "16m", async () => {
       const free = () => statfsSync(tmpfs).bfree;
       const before = free();
-      const server = await startServer(ws, [...dataset, "--shm-dir", tmpfs]);
+      const server = await startServer(ws, [...dataset, "--shm-dir", tmpfs, "--shm-spare-rings", "0"]);
       try {
         const c = new RackfeedClient({ url: server.url, local: localTransport() }); // mapped (koffi)
         let last: Uint16Array | undefined;
