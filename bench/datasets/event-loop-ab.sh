@@ -61,10 +61,13 @@ if [ -n "$OTHER" ]; then
 fi
 DENO=${DENO:-$HERE/node_modules/.bin/deno}
 WORK=$(mktemp -d)
+# The rings on tmpfs, as in production (/dev/shm): on a disk file system they are page cache
+# with writeback, and a new ring allocates disk blocks.
+SHM=$(mktemp -d -p /dev/shm rackfeed-event-loop-ab-XXXXXX)
 SERVER=
 cleanup() {
   [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null || true
-  rm -rf "$WORK"
+  rm -rf "$WORK" "$SHM"
 }
 trap cleanup EXIT
 TICK=$(getconf CLK_TCK)
@@ -73,10 +76,10 @@ cpu_ticks() { awk '{print $14 + $15}' "$1"; }
 
 run_one() { # $1 = checkout
   local root=$1
-  rm -rf "$WORK/cache" "$WORK/shm"
-  mkdir -p "$WORK/shm"
+  rm -rf "$WORK/cache" "$SHM/shm"
+  mkdir -p "$SHM/shm"
   local args=(serve --listen 127.0.0.1:$PORT --origin "bench=$DATA" --cache-dir "$WORK/cache" --admin-token $ADMIN
-    --memory-bytes 2GiB --disk-bytes 4GiB --shm-dir "$WORK/shm" ${SERVER_FLAGS:-})
+    --memory-bytes 2GiB --disk-bytes 4GiB --shm-dir "$SHM/shm" ${SERVER_FLAGS:-})
   if [ "$RUNTIME" = deno ]; then
     (cd "$root" && exec "$DENO" run -A src/main.ts "${args[@]}") > "$WORK/server.log" 2>&1 &
   else

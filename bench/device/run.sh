@@ -5,6 +5,8 @@
 # run. Unpacks .devkit/ (bench/device/make-kit.sh) first.
 # Run there from the repo root: bash bench/device/run.sh [gpu] [transport] [bare] [wrk] [warm]  (default: all)
 #   transport-js, warm-js: the same with --native-gather off (batches copied in JavaScript), for an A/B.
+#   consumer-start: what starting a shm consumer costs, rings kept for the next or not
+#   (bench/shm/consumer-start.sh, Node then Deno server); after warm (its dataset).
 #   client: the SDK's own CPU per shm batch (bench/shm/client-cost.ts, both runtimes; after warm, beside numpy).
 #   warm-2t: warm with --native-gather-threads 2 (each token batch copied on the event loop, no
 #   groups of steps on a copy thread), for an A/B of the group copy.
@@ -61,7 +63,8 @@ for p in "${parts[@]}"; do
     warm-2t) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} BENCH_EXTRA_FLAGS="--native-gather-threads 2" part warm-2t "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
     warm) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} part warm "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
     event-loop) for r in node deno; do DENO=$PWD/node_modules/deno/deno FRESH=1 RUNTIME=$r ROUNDS=${BENCH_REPS:-2} part "event-loop-$r" 150 bash bench/datasets/event-loop-ab.sh ${EVENT_LOOP_OTHER:-}; done ;;
+    consumer-start) for r in node deno; do DENO=$PWD/node_modules/deno/deno RUNTIME=$r ROUNDS=${BENCH_REPS:-2} part "consumer-start-$r" 120 bash bench/shm/consumer-start.sh; done ;;
     client) part client-node 60 node --import tsx bench/shm/client-cost.ts; part client-deno 60 node_modules/deno/deno run -A bench/shm/client-cost.ts ;;
-    *) echo "unknown part $p (gpu|transport|transport-js|bare|wrk|warm|warm-js|warm-2t|event-loop|client)" >&2; exit 2 ;;
+    *) echo "unknown part $p (gpu|transport|transport-js|bare|wrk|warm|warm-js|warm-2t|event-loop|consumer-start|client)" >&2; exit 2 ;;
   esac
 done
