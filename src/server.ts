@@ -93,7 +93,7 @@ export interface ServerEnv {
   /** Builds large datasets' indexes off the event loop (see `IndexBuilder`); unset: on it. */
   readonly buildOffThread?: IndexBuilder;
   /** Starts a planning thread for read-ahead (see `PlanningThread`); unset: every step is planned on the event loop. */
-  readonly startPlanningThread?: () => PlansAhead & { readonly plansTaken: number; close(): Promise<void> };
+  readonly startPlanningThread?: (log: (message: string, err?: unknown) => void) => PlansAhead & { readonly plansTaken: number; close(): Promise<void> };
   /** CPUs this process may run on (`--planning-thread auto` starts the thread from 4 on); default 1. */
   readonly cpus?: number;
   /** How long a shm connection may go without asking for a consumer (default 30 s; tests shorten it). */
@@ -184,6 +184,10 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     onFill: (s, source) => metrics?.fillSeconds.observe({ source }, s),
   });
   const served = new ServedBytes();
+  // Before the catalog: datasets it builds off the event loop come back in shared memory for it.
+  const planning = config.planningThread === "on" || (config.planningThread === "auto" && (env.cpus ?? 1) >= 4)
+    ? env.startPlanningThread?.(env.log)
+    : undefined;
   const datasets = new DatasetCatalog({
     origins,
     cache,
@@ -193,10 +197,8 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     recheckMs: Math.max(config.metadataTtl, 1000),
     log: env.log,
     buildOffThread: env.buildOffThread,
+    shareIndexes: planning !== undefined,
   });
-  const planning = config.planningThread === "on" || (config.planningThread === "auto" && (env.cpus ?? 1) >= 4)
-    ? env.startPlanningThread?.()
-    : undefined;
   const readAhead = new ReadAhead({
     cache,
     now: env.now,

@@ -61,6 +61,8 @@ export interface DatasetCatalogOptions {
    * is built on the calling thread.
    */
   readonly buildOffThread?: (input: IndexBuildInput, signal?: AbortSignal) => Promise<TokenDataset>;
+  /** Whether datasets built off the event loop keep their index arrays in shared memory (a planning thread reads them). */
+  readonly shareIndexes?: boolean;
 }
 
 /**
@@ -274,6 +276,7 @@ export class DatasetCatalog {
       idx: await Promise.all(files.map((f) => this.#readWhole(f.gw, f.idxKey, f.idx))),
       paths: files.map((f) => `${f.gw.name}/${f.idxKey}`),
       binSizes: files.map((f) => f.bin.size),
+      shareArrays: this.#opts.shareIndexes === true,
     };
     const offThread = buildWork(input) > INLINE_BUILD_MAX ? this.#opts.buildOffThread : undefined;
     this.#builds[offThread ? "worker" : "eventLoop"]++;

@@ -16,6 +16,8 @@ export interface IndexBuildInput {
   readonly paths: readonly string[];
   /** Each source's `.bin` size: every sequence must lie inside it. */
   readonly binSizes: readonly number[];
+  /** Built on another thread: return the arrays in `SharedArrayBuffer`s (see `shareArrays`), not moved. */
+  readonly shareArrays?: boolean;
 }
 
 /**

@@ -201,7 +201,7 @@ export function denoHost(): CliHost {
     memoryLimit: () =>
       hostMemoryLimit(granted({ name: "sys", kind: "systemMemoryInfo" }) ? {} : { totalmem: () => NaN }),
     buildOffThread: workerIndexBuilder("deno"),
-    startPlanningThread: () => new PlanningThread("deno"),
+    startPlanningThread: (log) => new PlanningThread("deno", log),
     cpus: navigator.hardwareConcurrency ?? 1,
     // Deno's node:http client left sockets of aborted S3 requests open (fds grew under origin
     // faults, bench/RESULTS.md "S3 origin soak"); its own fetch closes them.

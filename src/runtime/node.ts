@@ -384,7 +384,7 @@ export function nodeHost(): CliHost {
     },
     memoryLimit: () => hostMemoryLimit(),
     buildOffThread: workerIndexBuilder("node"),
-    startPlanningThread: () => new PlanningThread("node"),
+    startPlanningThread: (log) => new PlanningThread("node", log),
     cpus: availableParallelism(),
     // Getters: koffi (a native addon, ~20 ms to load) is loaded only by commands that serve shm.
     get mapFile() {

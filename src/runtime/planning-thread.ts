@@ -3,15 +3,14 @@
  * event loop copies each plan out of shared memory instead of making it (see `plan-exchange.ts`).
  */
 
-import { Worker } from "node:worker_threads";
 import { datasetVersionId, type SamplePlan } from "../batch/assemble-batch.ts";
 import type { RegisteredDataset } from "../batch/dataset-catalog.ts";
 import { PLAN_EXCHANGE_BYTES, PlanExchange, type PlansAhead } from "../batch/plan-exchange.ts";
 import { shareArrays, tokenDatasetParts, unsharedBytes } from "../dataset/mod.ts";
 import type { PlanWorkerMessage } from "./plan-worker.ts";
+import { startThread, type Thread } from "./threads.ts";
 
 const WORKER = new URL("./plan-worker.ts", import.meta.url);
-const NODE_BOOT = new URL("./index-build-worker-node.mjs", import.meta.url);
 
 /**
  * A dataset whose index arrays are not in shared memory (built on the event loop: small ones) is
@@ -33,7 +32,7 @@ const MAX_COPIED_INDEX_BYTES = 16 * 2 ** 20;
  */
 export class PlanningThread implements PlansAhead {
   readonly #exchange = new PlanExchange(new SharedArrayBuffer(PLAN_EXCHANGE_BYTES));
-  readonly #worker: Worker;
+  readonly #worker: Thread;
   /** Dataset versions seen: whether the thread holds each. */
   readonly #held = new Map<number, boolean>();
   /** Tells the thread to forget a dataset version once nothing here holds it. */
@@ -42,18 +41,24 @@ export class PlanningThread implements PlansAhead {
   /** Resolves once the thread runs and takes requests (until then steps are planned on the event loop). */
   readonly ready: Promise<void>;
 
-  /** @param runtime which runtime loads the worker: Node needs tsx registered in the thread first */
-  constructor(runtime: "node" | "deno") {
-    const worker = runtime === "node" ? new Worker(NODE_BOOT, { workerData: { entry: WORKER.href } }) : new Worker(WORKER);
-    worker.unref();
-    this.ready = new Promise((resolve) => worker.once("message", () => resolve()));
+  /**
+   * @param runtime which runtime loads the worker (see `startThread`)
+   * @param log where the thread's failure is told (the server goes on without it)
+   */
+  constructor(runtime: "node" | "deno", log: (message: string, err?: unknown) => void = () => {}) {
+    const worker = startThread(runtime, WORKER, false);
+    this.ready = new Promise((resolve) => worker.onMessage(() => resolve()));
     // A thread that fails leaves every plan to the event loop, as if there were none.
-    worker.on("error", () => void this.close());
+    worker.onFailure((e) => {
+      if (this.#closed) return;
+      log("rackfeed: the planning thread failed; steps are planned on the event loop from now on", e);
+      void this.close();
+    });
     this.#worker = worker;
     this.#post({ exchange: this.#exchange.buffer });
     this.#forget = new FinalizationRegistry((regId) => {
+      if (this.#held.get(regId)) this.#post({ forget: regId });
       this.#held.delete(regId);
-      this.#post({ forget: regId });
     });
   }
 
@@ -89,6 +94,8 @@ export class PlanningThread implements PlansAhead {
   #offer(reg: RegisteredDataset, regId: number): boolean {
     let parts = tokenDatasetParts(reg.dataset);
     const unshared = unsharedBytes(parts);
+    // Either way: its entry in #held goes with the version.
+    this.#forget.register(reg, regId);
     if (unshared > MAX_COPIED_INDEX_BYTES) {
       this.#held.set(regId, false);
       return false;
@@ -96,7 +103,6 @@ export class PlanningThread implements PlansAhead {
     if (unshared > 0) parts = shareArrays(parts);
     this.#post({ regId, name: reg.name, parts });
     this.#held.set(regId, true);
-    this.#forget.register(reg, regId);
     return true;
   }
 

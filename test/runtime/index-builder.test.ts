@@ -36,10 +36,18 @@ describe("workerIndexBuilder (Node worker thread)", () => {
     expect(plans(built)).toEqual(plans(inline));
     expect(built.sources[0].gpt.shuffleIndex).toEqual(inline.sources[0].gpt.shuffleIndex);
     if (weighted) expect(built.blend!.datasetIndex).toEqual(inline.blend!.datasetIndex);
-    // Returned in shared memory, so a planning thread is given them without a copy.
-    const arrays: ArrayBufferView[] = [built.sources[0].gpt.shuffleIndex, built.sources[0].gpt.documentIndex, built.sources[0].index.pointers, built.sources[0].index.lengths];
-    if (weighted) arrays.push(built.blend!.datasetIndex, built.blend!.datasetSampleIndex);
-    expect(arrays.every((a) => a.buffer instanceof SharedArrayBuffer)).toBe(true);
+    // Moved back, not shared; asked for (a planning thread will read them), in shared memory.
+    const arrays = (ds: TokenDataset): ArrayBufferView[] => [
+      ds.sources[0].gpt.shuffleIndex,
+      ds.sources[0].gpt.documentIndex,
+      ds.sources[0].index.pointers,
+      ds.sources[0].index.lengths,
+      ...(weighted ? [ds.blend!.datasetIndex, ds.blend!.datasetSampleIndex] : []),
+    ];
+    expect(arrays(built).some((a) => a.buffer instanceof SharedArrayBuffer)).toBe(false);
+    const shared = await workerIndexBuilder("node")({ ...input(3000, 40_000, weighted), shareArrays: true });
+    expect(arrays(shared).every((a) => a.buffer instanceof SharedArrayBuffer)).toBe(true);
+    expect(plans(shared)).toEqual(plans(inline));
   });
 
   it("raises the calling thread's error, code and message, for a malformed .idx", async () => {
