@@ -27,7 +27,8 @@ const datasets = new Map<number, { readonly ds: TokenDataset; readonly name: str
  * ~300 MiB alive without it).
  */
 setFlagsFromString("--expose-gc");
-const collect = runInNewContext("gc") as () => void;
+const gc: unknown = runInNewContext("gc");
+const collect = typeof gc === "function" ? (gc as () => void) : () => {};
 
 port.onMessage((message) => {
   const m = message as PlanWorkerMessage;

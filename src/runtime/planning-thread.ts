@@ -38,6 +38,7 @@ export class PlanningThread implements PlansAhead {
   /** Tells the thread to forget a dataset version once nothing here holds it. */
   readonly #forget: FinalizationRegistry<number>;
   #closed = false;
+  #forgotten = 0;
   /** Resolves once the thread runs and takes requests (until then steps are planned on the event loop). */
   readonly ready: Promise<void>;
 
@@ -57,9 +58,17 @@ export class PlanningThread implements PlansAhead {
     this.#worker = worker;
     this.#post({ exchange: this.#exchange.buffer });
     this.#forget = new FinalizationRegistry((regId) => {
-      if (this.#held.get(regId)) this.#post({ forget: regId });
+      if (this.#held.get(regId)) {
+        this.#post({ forget: regId });
+        this.#forgotten++;
+      }
       this.#held.delete(regId);
     });
+  }
+
+  /** Dataset versions the thread was told to forget (nothing here held them any more). */
+  get forgotten(): number {
+    return this.#forgotten;
   }
 
   /** Plans the event loop took from the thread (made there, not on the event loop). */
