@@ -176,6 +176,10 @@ export async function* shmBatches(
     throw c.signal.reason;
   }
   let ring: RingReader | undefined;
+  // Sends the release of every slot this consumer holds, the batch last yielded included (set
+  // once the ring is open).
+  let releaseAll: (() => void) | undefined;
+  let failed = false;
   try {
     const reader = new MessageReader(socket);
     const got = await withTimeout(greet(socket, reader, token), socket, WELCOME_TIMEOUT_MS);
@@ -228,6 +232,14 @@ export async function* shmBatches(
     const outbox = new FrameOutbox(64 * (group + 1));
     const flush = () => {
       if (outbox.frames > 0) socket.write(outbox.take());
+    };
+    // The batch last yielded, until the caller asks for the next (it is valid until then).
+    let holding = -1;
+    let holdingGeneration = 0;
+    releaseAll = () => {
+      if (holding >= 0) outbox.pushRelease(holding, holdingGeneration);
+      holding = -1;
+      flush();
     };
     if (got.timings && c.onTimings) {
       sendTimings = (steps) => {
@@ -287,7 +299,10 @@ export async function* shmBatches(
         bytes = copy!.subarray(0, h.length);
         ring.read(at, bytes);
       }
+      holding = slot;
+      holdingGeneration = generation;
       yield { step, firstSample: h.firstSample, bytes, dtype: String(r.dtype), shape, cache: h.cache };
+      holding = -1;
       outbox.pushRelease(slot, generation);
       if (outbox.frames >= group) flush();
     }
@@ -295,15 +310,20 @@ export async function* shmBatches(
     // A connection that failed (a server gone) would lose what is written on it now: the
     // timings queued go over HTTP instead.
     live = false;
+    failed = true;
     throw e;
   } finally {
     // Timings queued from here on go over HTTP.
     endTimings();
-    // Close the socket first: the server stops writing and removes the ring; closing the reader
-    // then gives the (unlinked) ring's pages back.
     c.signal?.removeEventListener("abort", onAbort);
-    socket.close();
+    // The loop is over (its end, or the caller's break): every slot goes back, then the ring's
+    // pages (a batch view kept past the loop reads zeros), then the connection. The server
+    // gives a ring to the next consumer only when its client released every slot and closed the
+    // connection itself; an abort closed it already, with the caller's batch held, and a
+    // failure leaves the ring as it is: neither is reused.
+    if (!failed) releaseAll?.();
     ring?.close();
+    socket.close();
   }
 }
 

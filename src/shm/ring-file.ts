@@ -105,7 +105,7 @@ export class RingFile {
     if (map) this.#mapView = new DataView(map.bytes.buffer, map.bytes.byteOffset, map.bytes.byteLength);
   }
 
-  /** The file's name now (a spare ring is renamed, see `recycle`). */
+  /** The file's name now (a ring kept for the next consumer is renamed, see `rename`). */
   get path(): string {
     return this.#path;
   }

@@ -3,7 +3,9 @@
  * consumer (one per connection), a ring of slots in a file under `--shm-dir`. The server fills
  * slots ahead of the consumer, one batch per slot, in step order; a slot is reused only after
  * the client releases it (backpressure, never a dropped batch). A closed connection, whatever
- * the cause (kill -9 included: the kernel closes the socket), removes its ring.
+ * the cause (kill -9 included: the kernel closes the socket), takes its ring's name away at once;
+ * the ring is then removed, or kept for the next consumer of its layout when its client closed
+ * the connection having released every slot.
  */
 
 import * as fs from "node:fs";
@@ -176,6 +178,8 @@ export class ShmServer {
   #ringBytes = 0;
   /** Rings kept for the next consumer (`keepSpare`), oldest first, with when each was kept. */
   readonly #spares: { ring: RingFile; at: number }[] = [];
+  /** Rings renamed `.spare` whose fills have not stopped yet (`retireRing` → `keepSpare`). */
+  readonly #retiring = new Set<RingFile>();
   #spareTimer: ReturnType<typeof unrefableTimeout> | undefined;
   #closing = false;
   /** This server's ring lock (`ringOwnerLockPath`), held while it runs where the runtime has flock. */
@@ -256,7 +260,12 @@ export class ShmServer {
    * even without the spare rings (which are removed to make room).
    */
   reserveRing(bytes: number): string | undefined {
-    while (this.#ringBytes + bytes > this.#opts.budgetBytes && this.#spares.length > 0) this.#dropSpare(0);
+    let spareBytes = 0;
+    for (const { ring } of this.#spares) spareBytes += ring.layout.fileBytes;
+    // Only when dropping them makes the room (a smaller layout tried next may match one).
+    if (this.#ringBytes - spareBytes + bytes <= this.#opts.budgetBytes) {
+      while (this.#ringBytes + bytes > this.#opts.budgetBytes && this.#spares.length > 0) this.#dropSpare(0);
+    }
     if (this.#ringBytes + bytes > this.#opts.budgetBytes) return undefined;
     this.#ringBytes += bytes;
     return this.#ringName("ring");
@@ -290,10 +299,11 @@ export class ShmServer {
    * its `.ring` file): renamed `.spare` to be kept for the next consumer (`keepSpare`, once its
    * fills have stopped), else removed (its mapping stays until then).
    */
-  retireRing(ring: RingFile): void {
-    if (!this.#closing && (this.#opts.spareRings ?? 0) > 0) {
+  retireRing(ring: RingFile, reusable: boolean): void {
+    if (reusable && !this.#closing && (this.#opts.spareRings ?? 0) > 0) {
       try {
         ring.rename(this.#ringName("spare"));
+        this.#retiring.add(ring);
         return;
       } catch (e) {
         this.#opts.log(`rackfeed: ring ${ring.path} cannot be kept for the next consumer`, e);
@@ -307,7 +317,8 @@ export class ShmServer {
    * gives its bytes back to the budget. Call only once no fill writes into it.
    */
   keepSpare(ring: RingFile): void {
-    if (this.#closing || !ring.path.endsWith(".spare")) return this.#closeRing(ring);
+    const retired = this.#retiring.delete(ring);
+    if (this.#closing || !retired) return this.#closeRing(ring);
     try {
       ring.resetSlots();
     } catch (e) {
@@ -361,6 +372,9 @@ export class ShmServer {
   async close(): Promise<void> {
     this.#closing = true;
     while (this.#spares.length > 0) this.#dropSpare(0);
+    // A retiring ring whose fill still waits (on an origin) loses its name now; its mapping and
+    // budget go when the fill stops, as any ring's (`keepSpare`).
+    for (const ring of this.#retiring) ring.unlink();
     if (this.#spareTimer !== undefined) clearTimeout(this.#spareTimer);
     const closed = new Promise<void>((r) => this.#server.close(() => r()));
     const conns = [...this.#conns];
@@ -485,7 +499,7 @@ class ShmConnection {
       if (this.#unhandled > MAX_UNHANDLED_MESSAGES) socket.pause();
     });
     socket.on("error", () => {}); // a peer that vanished; "close" follows and cleans up
-    socket.once("close", () => void this.end());
+    socket.once("close", () => void this.end(false, true));
     const helloTimer = setTimeout(() => {
       if (!this.#greeted) this.#fail("BAD_REQUEST", 400, `No "hello" within ${HELLO_TIMEOUT_MS} ms`);
     }, HELLO_TIMEOUT_MS);
@@ -513,7 +527,13 @@ class ShmConnection {
    * @param graceful let frames already written (an error) reach the client before the socket closes
    */
   // deno-lint-ignore require-await -- async so that callers always get a promise (`void this.end()`)
-  async end(graceful = false): Promise<void> {
+  async end(graceful = false, peerClosed = false): Promise<void> {
+    // Its ring may serve another consumer only if the peer itself closed the connection having
+    // released every slot (the SDK also gives its mapping back first). A peer the server cut off
+    // (an error frame, a fill that failed) does not know yet and may still read its slots, and
+    // one that holds a batch (an abort in the middle of a step) may still be reading that batch:
+    // handed to another consumer, the ring would turn them into that consumer's tokens.
+    const reusable = peerClosed && !this.#closed && this.#held.size === 0;
     this.#creating?.abort();
     if (!this.#closed) {
       this.#flush(); // notices already due go out before an error frame and the close
@@ -535,7 +555,7 @@ class ShmConnection {
     // under it would fault. Shutdown does not wait for that origin. Then the ring is kept for the
     // next consumer, or removed. A spare left by a process that dies is removed at the next
     // start, with the rings of dead servers.
-    this.#server.retireRing(ring);
+    this.#server.retireRing(ring, reusable);
     void (this.#pump ?? Promise.resolve()).then(() => this.#server.keepSpare(ring));
   }
 

@@ -226,17 +226,14 @@ describe("shared-memory fast path", () => {
     expect(out).toContain("over shm");
     expect(rings().length).toBe(1);
     expect(await rf.metric("rackfeed_shm_rings")).toBe(1);
-    const ringBytes = await rf.metric("rackfeed_shm_ring_bytes");
-    expect(ringBytes).toBeGreaterThan(0);
     child.kill("SIGKILL");
-    // Its ring is no consumer's any more: kept for the next consumer (renamed .spare, its bytes
-    // still in the budget), or removed.
+    // It died holding batches (step 5, and those filled ahead): its ring is removed, not kept
+    // for another consumer.
     await waitFor(
-      async () => rings().length === 0 && (await rf.metric("rackfeed_shm_rings")) === 0 && (await rf.metric("rackfeed_shm_spare_rings")) === 1,
-      "the killed client's ring to be freed",
+      async () => rings().length === 0 && (await rf.metric("rackfeed_shm_rings")) === 0 && (await rf.metric("rackfeed_shm_ring_bytes")) === 0,
+      "the killed client's ring to be removed and its bytes given back",
     );
-    expect(spares().length).toBe(1);
-    expect(await rf.metric("rackfeed_shm_ring_bytes")).toBe(ringBytes);
+    expect(spares()).toEqual([]);
   });
 
   it("keeps an ended consumer's ring for the next consumer of the same size, every slot unpublished, and removes it when unused", async () => {
@@ -303,6 +300,92 @@ describe("shared-memory fast path", () => {
     }
     expect(ringsIn(".spare")).toEqual([]);
     expect(ringsIn(".ring")).toEqual([]);
+  });
+
+  it("never gives another consumer a ring its client may still read: cut off by the server, or closed holding a batch", async () => {
+    const dir = join(ws.dir, "shm-unsafe-reuse");
+    const server = await startServer(ws, [...dataset, "--shm-dir", dir]);
+    const socket = join(dir, `rackfeed-${new URL(server.url).port}.sock`);
+    const open = { t: "open", dataset: "d", world: 2, microBatch: 1, startStep: 0, endStep: 200, notify: "wait" } as const;
+    try {
+      // Cut off by the server (a bad release here; a failed fill does the same) while it holds step 0.
+      const a = await greetedControl(socket);
+      a.s.write(encodeFrame({ ...open, rank: 0 }));
+      expect((await a.next()).t).toBe("ring");
+      a.s.write(encodeFrame({ t: "wait", step: 0 }));
+      expect(await a.next()).toMatchObject({ t: "batch", step: 0 });
+      a.s.write(encodeFrame({ t: "release", slot: 7, generation: 99 }));
+      let m = await a.next();
+      while (m.t === "end") m = await a.next();
+      expect(m).toMatchObject({ t: "error", status: 400 });
+      // Closed by its client while it holds step 0 (an abort in the middle of a step).
+      const b = await greetedControl(socket);
+      b.s.write(encodeFrame({ ...open, rank: 1 }));
+      expect((await b.next()).t).toBe("ring");
+      b.s.write(encodeFrame({ t: "wait", step: 0 }));
+      expect(await b.next()).toMatchObject({ t: "batch", step: 0 });
+      b.s.close();
+      a.s.close();
+      await waitFor(async () => (await server.metric("rackfeed_shm_rings")) === 0, "both connections ended");
+      await sleep(200); // their fills stopped
+      // Neither ring is kept: both are removed, their bytes given back.
+      expect(await server.metric("rackfeed_shm_spare_rings")).toBe(0);
+      expect(await server.metric("rackfeed_shm_ring_bytes")).toBe(0);
+      expect(readdirSync(dir).filter((n) => n.endsWith(".spare"))).toEqual([]);
+    } finally {
+      await server.close();
+    }
+  });
+
+  it("keeps the batch an SDK caller holds when it aborts, while another consumer of the same ring size starts", async () => {
+    const dir = join(ws.dir, "shm-abort-held");
+    const server = await startServer(ws, [...dataset, "--shm-dir", dir], { mapFile: (path, bytes) => loadNodeMapping()!(path, bytes, true) });
+    try {
+      const want = await httpSamples(server.url, 0, 200);
+      const per = want.length / 200;
+      const a = new RackfeedClient({ url: server.url, local: localTransport({ map: true }) });
+      const ac = new AbortController();
+      for await (const b of a.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: 100, signal: ac.signal })) {
+        const view = new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength);
+        ac.abort(new Error("stop after this step"));
+        await waitFor(async () => (await server.metric("rackfeed_shm_rings")) === 0, "its connection closed");
+        // Another consumer starts (another rank, a validation loop) and is filled meanwhile.
+        const other = new RackfeedClient({ url: server.url, local: localTransport({ map: true }) });
+        for await (const _ of other.batches("d", { rank: 0, world: 1, microBatch: 1, startStep: 100, endStep: 150 })) { /* read */ }
+        await other.close();
+        expect(view).toEqual(want.subarray(b.step * per, (b.step + 1) * per));
+        break;
+      }
+      await a.close();
+    } finally {
+      await server.close();
+    }
+  });
+
+  it("removes a retired ring at shutdown while its fill still waits on a stalled origin", async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    let stalling = false;
+    const dir = join(ws.dir, "shm-stall-close");
+    const stuck = await startServer(ws, [...dataset, "--shm-dir", dir, "--cache-dir", join(ws.dir, "c-stall-close")], {
+      makeOrigin: (spec) => originWithSlowReads(spec, async () => {
+        if (stalling) await gate;
+      }),
+    });
+    stalling = true;
+    const kept = () => readdirSync(dir).filter((n) => n.endsWith(".ring") || n.endsWith(".spare"));
+    try {
+      const s = await greetedControl(join(dir, `rackfeed-${new URL(stuck.url).port}.sock`));
+      s.s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 4, startStep: 0 }));
+      expect((await s.next()).t).toBe("ring");
+      s.s.close(); // holding nothing: its ring is retired to be kept, once its fill stops
+      await waitFor(() => kept().some((n) => n.endsWith(".spare")), "the ring retired");
+      await stuck.close();
+      expect(kept()).toEqual([]);
+    } finally {
+      release();
+      await stuck.close();
+    }
   });
 
   it("keeps no ring with --shm-spare-rings 0: its file and bytes go with its consumer", async () => {
