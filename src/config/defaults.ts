@@ -376,7 +376,7 @@ export const TUNABLES = {
     env: "RACKFEED_NATIVE_GATHER_THREADS",
     default: "auto",
     parse: autoOr(intIn(1, 64)),
-    doc: "Threads the native gather may copy on: auto = the CPUs this process may run on, at most 8 (on Node, at most libuv's pool, UV_THREADPOOL_SIZE). Set it to the CPU quota in a container given fewer CPUs than the host has. Large batches are cut into slices, one per thread; with 4 threads or more, small shm batches are copied about 1 MiB of steps at a time on one of them; 1 copies every batch on the event loop",
+    doc: "Threads the native gather may copy on: auto = the CPUs this process may run on (a cgroup's CPU quota, a container's --cpus, counts), at most 8 (on Node, at most libuv's pool, UV_THREADPOOL_SIZE). Large batches are cut into slices, one per thread; with 4 threads or more, small shm batches are copied about 1 MiB of steps at a time on one of them; 1 copies every batch on the event loop",
   } as Tunable<number>,
   planningThread: {
     key: "planningThread",
@@ -384,7 +384,7 @@ export const TUNABLES = {
     env: "RACKFEED_PLANNING_THREAD",
     default: "auto",
     parse: oneOf(["auto", "on", "off"]),
-    doc: "Plans of consumers' coming steps (which bytes of which blocks a batch takes) made on a thread of their own, which the event loop then copies out of shared memory: auto = on where the process may run on 4 CPUs or more (on fewer, the thread takes a core the batches need); off = every step planned on the event loop",
+    doc: "Plans of consumers' coming steps (which bytes of which blocks a batch takes) made on a thread of their own, which the event loop then copies out of shared memory: auto = on where the process may run on 4 CPUs or more, a cgroup's CPU quota counted (on fewer, the thread takes a core the batches need); off = every step planned on the event loop",
   } as Tunable<"auto" | "on" | "off">,
   maxIndexBytes: {
     key: "maxIndexBytes",

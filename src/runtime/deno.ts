@@ -12,6 +12,7 @@ import { hostMemoryLimit } from "./memory-limit.ts";
 import { canMapDeno, mapFileDeno, peerCredentialsDeno } from "./libc-deno.ts";
 import { loadDenoPieceCopier } from "./native-gather-deno.ts";
 import { withFd } from "./socket-fd.ts";
+import { cpuLimit } from "./cpu-limit.ts";
 
 /**
  * Serves `fetch` with `Deno.serve`.
@@ -202,7 +203,7 @@ export function denoHost(): CliHost {
       hostMemoryLimit(granted({ name: "sys", kind: "systemMemoryInfo" }) ? {} : { totalmem: () => NaN }),
     buildOffThread: workerIndexBuilder("deno"),
     startPlanningThread: (log) => new PlanningThread("deno", log),
-    cpus: navigator.hardwareConcurrency ?? 1,
+    cpus: cpuLimit({ cpus: () => navigator.hardwareConcurrency ?? 1 }),
     // Deno's node:http client left sockets of aborted S3 requests open (fds grew under origin
     // faults, bench/RESULTS.md "S3 origin soak"); its own fetch closes them.
     s3HttpAuto: "fetch",

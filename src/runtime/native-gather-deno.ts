@@ -6,6 +6,7 @@
 
 import { fileURLToPath } from "node:url";
 import type { PieceCopier } from "../batch/piece-copier.ts";
+import { cpuLimit } from "./cpu-limit.ts";
 
 const NATIVE_LIBRARY = fileURLToPath(new URL("../../native/build/librackfeed.so", import.meta.url));
 
@@ -34,7 +35,7 @@ export function loadDenoPieceCopier(): PieceCopier | undefined {
         address: (bytes) => s.rackfeed_address(bytes),
         copy: (dst, pieces, first, end) => s.rackfeed_gather(dst, pieces, first, end),
         copyOnThread: (dst, pieces, first, end) => s.rackfeed_gather_on_thread(dst, pieces, first, end),
-        threads: Math.min(8, navigator.hardwareConcurrency ?? 1),
+        threads: Math.min(8, cpuLimit({ cpus: () => navigator.hardwareConcurrency ?? 1 })),
       };
     } catch {
       loaded = null;

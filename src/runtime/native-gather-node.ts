@@ -8,6 +8,7 @@ import { availableParallelism } from "node:os";
 import { fileURLToPath } from "node:url";
 import type { PieceCopier } from "../batch/piece-copier.ts";
 import { limitInFlight, loadKoffi, RESIDENT_ASYNC_CALLS } from "./koffi-node.ts";
+import { cpuLimit } from "./cpu-limit.ts";
 
 /** Where scripts/build-native.mjs puts the library. */
 export const NATIVE_LIBRARY = fileURLToPath(new URL("../../native/build/librackfeed.so", import.meta.url));
@@ -47,6 +48,6 @@ function bind(): PieceCopier {
     ),
     // Slices run on libuv's pool (4 threads unless UV_THREADPOOL_SIZE says more; `npm start` and
     // bin/rackfeed set 64), which fs calls share: more slices than its threads would only queue.
-    threads: Math.min(8, availableParallelism(), Number(process.env.UV_THREADPOOL_SIZE) || 4),
+    threads: Math.min(8, cpuLimit({ cpus: availableParallelism }), Number(process.env.UV_THREADPOOL_SIZE) || 4),
   };
 }

@@ -18,6 +18,7 @@ import { loadNodeFlock, loadNodeMapping, loadNodePeerCredentials } from "./libc-
 import type { LockFile } from "../cache/disk-tier.ts";
 import { withFd } from "./socket-fd.ts";
 import { NOT_IN_HOST } from "../http/middleware/reject-bad-host.ts";
+import { cpuLimit } from "./cpu-limit.ts";
 
 /**
  * Serves `fetch` on Node. Cleartext: one port speaks HTTP/1.1 and HTTP/2 with prior knowledge
@@ -385,7 +386,7 @@ export function nodeHost(): CliHost {
     memoryLimit: () => hostMemoryLimit(),
     buildOffThread: workerIndexBuilder("node"),
     startPlanningThread: (log) => new PlanningThread("node", log),
-    cpus: availableParallelism(),
+    cpus: cpuLimit({ cpus: availableParallelism }),
     // Getters: koffi (a native addon, ~20 ms to load) is loaded only by commands that serve shm.
     get mapFile() {
       const map = loadNodeMapping();
