@@ -9,7 +9,7 @@
 
 import { parentPort, Worker } from "node:worker_threads";
 
-const NODE_BOOT = new URL("./index-build-worker-node.mjs", import.meta.url);
+const NODE_BOOT = new URL("./worker-boot-node.mjs", import.meta.url);
 
 /** A thread started by `startThread`, seen from the thread that started it. */
 export interface Thread {

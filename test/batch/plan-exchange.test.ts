@@ -3,7 +3,7 @@ import { describe, expect, it } from "vitest";
 import { PLAN_EXCHANGE_BYTES, PLAN_QUEUE, PLAN_SLOT_NUMBERS, PlanExchange } from "../../src/batch/plan-exchange.ts";
 import { writerPlan } from "../helpers/plan-exchange-writer.ts";
 
-const NODE_BOOT = new URL("../../src/runtime/index-build-worker-node.mjs", import.meta.url);
+const NODE_BOOT = new URL("../../src/runtime/worker-boot-node.mjs", import.meta.url);
 const WRITER = new URL("../helpers/plan-exchange-writer.ts", import.meta.url);
 
 const plan = (segments: number[], blocks: number[]) => ({ segments, segmentCount: segments.length / 4, blocks });
