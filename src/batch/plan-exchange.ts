@@ -36,7 +36,8 @@ export const PLAN_SLOTS = 2 ** SLOT_BITS;
 /** Numbers per slot: a header, then a plan's segments and blocks (larger plans are not made ahead). */
 export const PLAN_SLOT_NUMBERS = 1024;
 
-const HEADER = 6;
+/** Numbers before a plan in its slot: the key (4), segment numbers, block count, and a checksum of the plan's numbers. */
+const HEADER = 7;
 /** ctrl: requests written (event loop), requests taken (planning thread), whether the planning thread sleeps. */
 const HEAD = 0;
 const TAIL = 1;
@@ -146,11 +147,14 @@ export class PlanExchange {
     if (!(nSeg >= 0 && nBlocks >= 0 && HEADER + nSeg + nBlocks <= PLAN_SLOT_NUMBERS)) return undefined;
     // Plain arrays, as a plan made on the event loop has (see `planInScratch`).
     const segments = new Array<number>(nSeg);
-    for (let i = 0, k = at + HEADER; i < nSeg; i++, k++) segments[i] = s[k];
+    let sum = 0;
+    for (let i = 0, k = at + HEADER; i < nSeg; i++, k++) sum += segments[i] = s[k];
     const blocks = new Array<number>(nBlocks);
-    for (let i = 0, k = at + HEADER + nSeg; i < nBlocks; i++, k++) blocks[i] = s[k];
-    // Rewritten while copied (a newer plan in the same slot): what was read is not one plan.
-    if (Atomics.load(this.#seq, slot) !== seq) return undefined;
+    for (let i = 0, k = at + HEADER + nSeg; i < nBlocks; i++, k++) sum += blocks[i] = s[k];
+    // Rewritten while copied (a newer plan in the same slot): what was read is not one plan. The
+    // sequence number tells on x86-64, where loads are not reordered with each other; the
+    // checksum also where they may be (a plain load moved past the second sequence load).
+    if (Atomics.load(this.#seq, slot) !== seq || sum !== s[at + 6]) return undefined;
     this.taken++;
     return { segments, segmentCount: nSeg / 4, blocks };
   }
@@ -191,8 +195,10 @@ export class PlanExchange {
     s[at + 3] = key[3];
     s[at + 4] = nSeg;
     s[at + 5] = nBlocks;
-    for (let i = 0, k = at + HEADER; i < nSeg; i++, k++) s[k] = plan.segments[i];
-    for (let i = 0, k = at + HEADER + nSeg; i < nBlocks; i++, k++) s[k] = plan.blocks[i];
+    let sum = 0;
+    for (let i = 0, k = at + HEADER; i < nSeg; i++, k++) sum += s[k] = plan.segments[i];
+    for (let i = 0, k = at + HEADER + nSeg; i < nBlocks; i++, k++) sum += s[k] = plan.blocks[i];
+    s[at + 6] = sum;
     Atomics.add(this.#seq, slot, 1); // even: whole
     this.published++;
     return true;

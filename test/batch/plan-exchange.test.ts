@@ -1,6 +1,6 @@
 import { Worker } from "node:worker_threads";
 import { describe, expect, it } from "vitest";
-import { PLAN_EXCHANGE_BYTES, PLAN_QUEUE, PLAN_SLOT_NUMBERS, PlanExchange } from "../../src/batch/plan-exchange.ts";
+import { PLAN_EXCHANGE_BYTES, PLAN_QUEUE, PLAN_SLOT_NUMBERS, PLAN_SLOTS, PlanExchange } from "../../src/batch/plan-exchange.ts";
 import { writerPlan } from "../helpers/plan-exchange-writer.ts";
 
 const NODE_BOOT = new URL("../../src/runtime/worker-boot-node.mjs", import.meta.url);
@@ -53,6 +53,19 @@ describe("PlanExchange", () => {
     }
     expect(ex.nextRequest(key)).toBe(false);
     expect(ctrl[0]).toBeLessThan(0); // wrapped
+  });
+
+  it("refuses a slot whose numbers do not add up to its checksum (a load reordered past the sequence check)", () => {
+    const ex = exchange();
+    expect(ex.publish(new Float64Array([2, 64, 8, 4096]), plan([0, 0, 123456789, 123456800], [5]))).toBe(true);
+    expect(ex.take(2, 64, 8, 4096)).toEqual(plan([0, 0, 123456789, 123456800], [5]));
+    // The slot table is the end of the buffer: find the plan's number there and change it, as a
+    // reader whose load of it came from another plan would see it.
+    const slots = new Float64Array(ex.buffer, PLAN_EXCHANGE_BYTES - 8 * PLAN_SLOTS * PLAN_SLOT_NUMBERS);
+    const at = slots.indexOf(123456789);
+    expect(at).toBeGreaterThan(0);
+    slots[at] = 123456790;
+    expect(ex.take(2, 64, 8, 4096)).toBeUndefined();
   });
 
   it("does not publish a plan larger than a slot (it is made on the event loop)", () => {
