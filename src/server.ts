@@ -22,7 +22,7 @@ import type { IndexBuilder } from "./runtime/index-builder.ts";
 import type { ClientGone, WhenDone } from "./runtime/listener.ts";
 import type { MapFile } from "./shm/ring-file.ts";
 import { type PieceCopier, withThreads } from "./batch/piece-copier.ts";
-import type { PlansAhead } from "./batch/plan-exchange.ts";
+import type { PlanningThreadHandle } from "./batch/plan-exchange.ts";
 import { SHM_PROTOCOL_VERSION } from "./shm/protocol.ts";
 import { type PeerIdentity, ShmServer } from "./shm/shm-server.ts";
 
@@ -60,6 +60,9 @@ export interface RackfeedServer {
  */
 const BATCH_WAIT_MS = 30_000;
 
+/** CPUs from which `--planning-thread auto` starts the thread: on fewer it takes a core the batches need. */
+const PLANNING_THREAD_MIN_CPUS = 4;
+
 /** Things `createServer` takes from its surroundings rather than from globals. */
 export interface ServerEnv {
   /** Monotonic clock in ms. */
@@ -93,12 +96,12 @@ export interface ServerEnv {
   /** Builds large datasets' indexes off the event loop (see `IndexBuilder`); unset: on it. */
   readonly buildOffThread?: IndexBuilder;
   /** Starts a planning thread for read-ahead (see `PlanningThread`); unset: every step is planned on the event loop. */
-  readonly startPlanningThread?: (log: (message: string, err?: unknown) => void) => PlansAhead & { readonly plansTaken: number; close(): Promise<void> };
-  /** CPUs this process may run on (`--planning-thread auto` starts the thread from 4 on); default 1. */
+  readonly startPlanningThread?: (log: (message: string, err?: unknown) => void) => PlanningThreadHandle;
+  /** CPUs this process may run on (`--planning-thread auto` starts the thread from `PLANNING_THREAD_MIN_CPUS` on); default 1. */
   readonly cpus?: number;
   /** How long a shm connection may go without asking for a consumer (default 30 s; tests shorten it). */
   readonly shmOpenTimeoutMs?: number;
-  /** How long an ended shm consumer's ring is kept for the next consumer (default 10 s; tests shorten it). */
+  /** See `ShmServerOptions.spareRingMs`. */
   readonly shmSpareRingMs?: number;
   /** Builds an origin from its spec; tests inject fault-injecting origins here. */
   readonly makeOrigin?: (spec: Config["origins"][number]) => Origin | Promise<Origin>;
@@ -184,8 +187,9 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     onFill: (s, source) => metrics?.fillSeconds.observe({ source }, s),
   });
   const served = new ServedBytes();
-  // Before the catalog: datasets it builds off the event loop come back in shared memory for it.
-  const planning = config.planningThread === "on" || (config.planningThread === "auto" && (env.cpus ?? 1) >= 4)
+  // Decided before the catalog is made: with a planning thread, datasets built off the event loop
+  // come back in shared memory, which the thread reads without a copy.
+  const planning = config.planningThread === "on" || (config.planningThread === "auto" && (env.cpus ?? 1) >= PLANNING_THREAD_MIN_CPUS)
     ? env.startPlanningThread?.(env.log)
     : undefined;
   const datasets = new DatasetCatalog({

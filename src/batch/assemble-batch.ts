@@ -165,10 +165,12 @@ export function planSamples(
   // data-parallel rank's batches) finds it here rather than planning it again.
   const t = taken[slot & TAKEN_MASK];
   if (isPlanOf(t, id, first, count, blockBytes)) return t!.plan;
-  const made = ahead?.take(id, first, count, blockBytes);
-  const plan: SamplePlan = made === undefined
+  // A plan from the planning thread has no block keys yet: as a PlanWithKeys it gets them on first
+  // use (`blockKeys`), like a plan made here.
+  const madeAhead = ahead?.take(id, first, count, blockBytes);
+  const plan: SamplePlan = madeAhead === undefined
     ? computePlan(reg.dataset, reg.name, first, count, blockBytes)
-    : { segments: made.segments, segmentCount: made.segmentCount, blocks: made.blocks, keysOf: undefined, keys: EMPTY_KEYS } as PlanWithKeys;
+    : { segments: madeAhead.segments, segmentCount: madeAhead.segmentCount, blocks: madeAhead.blocks, keysOf: undefined, keys: EMPTY_KEYS } as PlanWithKeys;
   const bytes = (plan.segments.length + plan.blocks.length) * 8 + 256;
   if (use !== "once" && bytes <= PLAN_CACHE_BYTES / 16) {
     if (e !== undefined) keptBytes -= e.bytes;

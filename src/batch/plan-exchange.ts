@@ -27,6 +27,14 @@ export interface PlansAhead {
   take(regId: number, first: number, count: number, blockBytes: number): SamplePlan | undefined;
 }
 
+/** A started planning thread as the server holds it: read-ahead's `PlansAhead`, its count for /metrics, its shutdown. */
+export interface PlanningThreadHandle extends PlansAhead {
+  /** Plans the event loop took from the thread. */
+  readonly plansTaken: number;
+  /** Ends the thread. */
+  close(): Promise<void>;
+}
+
 /** Requests the queue holds (a power of two). */
 export const PLAN_QUEUE = 1024;
 /** Slots of the plan table: 2^SLOT_BITS. */
@@ -38,11 +46,13 @@ export const PLAN_SLOT_NUMBERS = 1024;
 
 /** Numbers before a plan in its slot: the key (4), segment numbers, block count, and a checksum of the plan's numbers. */
 const HEADER = 7;
-/** ctrl: requests written (event loop), requests taken (planning thread), whether the planning thread sleeps. */
+/** Int32 indexes into ctrl: requests written (event loop only), requests taken (planning thread only), 1 while the planning thread sleeps. */
 const HEAD = 0;
 const TAIL = 1;
 const SLEEPING = 2;
+/** Int32s of ctrl; the fourth is unused and keeps the Float64 arrays after the sequence numbers 8-byte aligned. */
 const CTRL_INTS = 4;
+/** Numbers per queued request: regId, first, count, blockBytes. */
 const REQUEST_NUMBERS = 4;
 
 /** `Atomics.waitAsync` (ES2024; both runtimes have it, this project's TypeScript lib does not name it). */
@@ -88,8 +98,9 @@ export class PlanExchange {
   readonly #slots: Float64Array;
   /** Requests pushed since the last `flush`. */
   #unflushed = 0;
-  /** Plans taken and plans published (each end counts its own). */
+  /** Plans `take` copied out (counted by the event loop's end). */
   taken = 0;
+  /** Plans `publish` wrote (counted by the planning thread's end). */
   published = 0;
 
   /** @param buffer a buffer of `PLAN_EXCHANGE_BYTES`, zeroed (new), or the one the other end made */

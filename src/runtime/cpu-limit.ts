@@ -10,6 +10,7 @@ import { readFileSync } from "node:fs";
 
 /** Where to look; tests point `root` at a directory laid out like `/`. */
 export interface CpuLimitSources {
+  /** A directory laid out like `/` to read /proc and /sys under (tests); default "" (the real root). */
   readonly root?: string;
   /** The runtime's own count of CPUs. */
   readonly cpus: () => number;
@@ -19,7 +20,12 @@ export interface CpuLimitSources {
  * The smaller of the runtime's CPU count and this process's cgroup CPU quota (rounded down, at
  * least 1).
  *
+ * @param sources the runtime's CPU count, and where to read the cgroup files
  * @returns whole CPUs
+ * @example
+ * ```ts
+ * const cpus = cpuLimit({ cpus: availableParallelism });
+ * ```
  */
 export function cpuLimit(sources: CpuLimitSources): number {
   const root = sources.root ?? "";

@@ -5,7 +5,7 @@
 
 import { datasetVersionId, type SamplePlan } from "../batch/assemble-batch.ts";
 import type { RegisteredDataset } from "../batch/dataset-catalog.ts";
-import { PLAN_EXCHANGE_BYTES, PlanExchange, type PlansAhead } from "../batch/plan-exchange.ts";
+import { PLAN_EXCHANGE_BYTES, PlanExchange, type PlanningThreadHandle } from "../batch/plan-exchange.ts";
 import { shareArrays, tokenDatasetParts, unsharedBytes } from "../dataset/mod.ts";
 import type { PlanWorkerMessage } from "./plan-worker.ts";
 import { startThread, type Thread } from "./threads.ts";
@@ -30,7 +30,7 @@ const MAX_COPIED_INDEX_BYTES = 16 * 2 ** 20;
  * await planner.close();
  * ```
  */
-export class PlanningThread implements PlansAhead {
+export class PlanningThread implements PlanningThreadHandle {
   readonly #exchange = new PlanExchange(new SharedArrayBuffer(PLAN_EXCHANGE_BYTES));
   readonly #worker: Thread;
   /** Dataset versions seen: whether the thread holds each. */
@@ -76,6 +76,7 @@ export class PlanningThread implements PlansAhead {
     return this.#exchange.taken;
   }
 
+  /** See `PlansAhead.request`; a dataset version is sent to the thread on its first request. */
   request(reg: RegisteredDataset, first: number, count: number, blockBytes: number): void {
     if (this.#closed) return;
     const regId = datasetVersionId(reg);
@@ -84,10 +85,12 @@ export class PlanningThread implements PlansAhead {
     if (held) this.#exchange.request(regId, first, count, blockBytes);
   }
 
+  /** See `PlansAhead.flush`. */
   flush(): void {
     this.#exchange.flush();
   }
 
+  /** See `PlansAhead.take`; undefined once the thread is closed. */
   take(regId: number, first: number, count: number, blockBytes: number): SamplePlan | undefined {
     return this.#closed ? undefined : this.#exchange.take(regId, first, count, blockBytes);
   }
@@ -99,11 +102,15 @@ export class PlanningThread implements PlansAhead {
     await this.#worker.terminate();
   }
 
-  /** Sends a dataset version to the thread: its arrays shared, or copied into shared memory when small. */
+  /**
+   * Sends a dataset version to the thread: its arrays shared, or copied into shared memory when small.
+   *
+   * @returns whether the thread holds it (false: too large to copy; its steps are planned on the event loop)
+   */
   #offer(reg: RegisteredDataset, regId: number): boolean {
     let parts = tokenDatasetParts(reg.dataset);
     const unshared = unsharedBytes(parts);
-    // Either way: its entry in #held goes with the version.
+    // Registered whether or not the thread gets it: the finalizer deletes its #held entry either way.
     this.#forget.register(reg, regId);
     if (unshared > MAX_COPIED_INDEX_BYTES) {
       this.#held.set(regId, false);

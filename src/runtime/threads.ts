@@ -9,6 +9,7 @@
 
 import { parentPort, Worker } from "node:worker_threads";
 
+/** Node's entry for every worker: registers tsx in the thread, then imports `workerData.entry`. */
 const NODE_BOOT = new URL("./worker-boot-node.mjs", import.meta.url);
 
 /** A thread started by `startThread`, seen from the thread that started it. */
@@ -26,8 +27,12 @@ export interface Thread {
 /**
  * Starts the worker module `url` on a thread of its own.
  *
- * @param keepAlive false: the thread does not keep the process alive (Node; a Deno process ends
- *   when its own event loop is empty whatever its workers do)
+ * @param runtime which runtime's worker API to use
+ * @param url the worker module
+ * @param keepAlive false: on Node the thread does not keep the process alive. A Deno web Worker
+ *   always does (it has no unref): terminate it (the server's `close` does, and the entry files
+ *   exit explicitly)
+ * @returns the thread, seen from this one
  */
 export function startThread(runtime: "node" | "deno", url: URL, keepAlive = true): Thread {
   if (runtime === "node") {

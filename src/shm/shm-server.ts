@@ -115,7 +115,7 @@ export interface ShmServerOptions {
    * benchmark's next pass starts on a kept ring instead.
    */
   readonly spareRings?: number;
-  /** How long an ended consumer's ring is kept for the next consumer, in ms (default 10 s; tests shorten it). */
+  /** How long an ended consumer's ring is kept for the next consumer, in ms (default `SPARE_RING_MS`; tests shorten it). */
   readonly spareRingMs?: number;
   readonly dir: string;
   readonly catalog: DatasetCatalog;
@@ -264,7 +264,7 @@ export class ShmServer {
     for (const { ring } of this.#spares) spareBytes += ring.layout.fileBytes;
     // Only when dropping them makes the room (a smaller layout tried next may match one).
     if (this.#ringBytes - spareBytes + bytes <= this.#opts.budgetBytes) {
-      while (this.#ringBytes + bytes > this.#opts.budgetBytes && this.#spares.length > 0) this.#dropSpare(0);
+      while (this.#ringBytes + bytes > this.#opts.budgetBytes && this.#spares.length > 0) this.#dropOldestSpare();
     }
     if (this.#ringBytes + bytes > this.#opts.budgetBytes) return undefined;
     this.#ringBytes += bytes;
@@ -325,7 +325,7 @@ export class ShmServer {
       return this.#closeRing(ring, e);
     }
     this.#spares.push({ ring, at: this.#opts.now() });
-    if (this.#spares.length > (this.#opts.spareRings ?? 0)) this.#dropSpare(0);
+    if (this.#spares.length > (this.#opts.spareRings ?? 0)) this.#dropOldestSpare();
     this.#expireSpares();
   }
 
@@ -334,9 +334,10 @@ export class ShmServer {
     if (this.#spareTimer !== undefined) clearTimeout(this.#spareTimer);
     this.#spareTimer = undefined;
     const now = this.#opts.now();
-    while (this.#spares.length > 0 && now - this.#spares[0].at >= (this.#opts.spareRingMs ?? SPARE_RING_MS)) this.#dropSpare(0);
+    const keepMs = this.#opts.spareRingMs ?? SPARE_RING_MS;
+    while (this.#spares.length > 0 && now - this.#spares[0].at >= keepMs) this.#dropOldestSpare();
     if (this.#spares.length === 0) return;
-    const due = this.#spares[0].at + (this.#opts.spareRingMs ?? SPARE_RING_MS) - now;
+    const due = this.#spares[0].at + keepMs - now;
     // A kept ring does not keep the process alive.
     this.#spareTimer = unrefableTimeout(() => this.#expireSpares(), Math.max(1, due)).unref();
   }
@@ -344,12 +345,13 @@ export class ShmServer {
   /** Removes every spare ring (a tmpfs with no room left for a new one); false when there was none. */
   dropSpares(): boolean {
     if (this.#spares.length === 0) return false;
-    while (this.#spares.length > 0) this.#dropSpare(0);
+    while (this.#spares.length > 0) this.#dropOldestSpare();
     return true;
   }
 
-  #dropSpare(k: number): void {
-    this.#closeRing(this.#spares.splice(k, 1)[0].ring);
+  /** Removes the oldest spare ring and gives its bytes back to the budget. */
+  #dropOldestSpare(): void {
+    this.#closeRing(this.#spares.shift()!.ring);
   }
 
   /** Unmaps and removes a ring, and gives its bytes back to the budget. */
@@ -371,7 +373,7 @@ export class ShmServer {
   /** Stops listening, ends every connection (their rings are removed) and removes the socket. */
   async close(): Promise<void> {
     this.#closing = true;
-    while (this.#spares.length > 0) this.#dropSpare(0);
+    while (this.#spares.length > 0) this.#dropOldestSpare();
     // A retiring ring whose fill still waits (on an origin) loses its name now; its mapping and
     // budget go when the fill stops, as any ring's (`keepSpare`).
     for (const ring of this.#retiring) ring.unlink();
@@ -522,9 +524,11 @@ class ShmConnection {
   }
 
   /**
-   * Stops filling and removes the ring's file; its mapping goes once the fill loop has stopped.
+   * Stops filling and takes the ring's name away at once (`retireRing`); once the fill loop has
+   * stopped, the ring is kept for the next consumer or unmapped and removed (`keepSpare`).
    *
    * @param graceful let frames already written (an error) reach the client before the socket closes
+   * @param peerClosed the client closed the connection itself (the socket's "close"): only then may its ring be kept
    */
   // deno-lint-ignore require-await -- async so that callers always get a promise (`void this.end()`)
   async end(graceful = false, peerClosed = false): Promise<void> {
