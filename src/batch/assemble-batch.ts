@@ -154,8 +154,8 @@ export function planSamples(
   used = true,
   ahead?: PlansAhead,
 ): SamplePlan {
-  const slot = planSlot(reg, first, count, blockBytes);
-  const id = regIds.get(reg)!;
+  const id = datasetVersionId(reg);
+  const slot = planKeyHash(id, first, count, blockBytes) >>> (32 - PLAN_SLOT_BITS);
   const e = kept[slot];
   if (isPlanOf(e, id, first, count, blockBytes)) {
     if (used) takeOut(slot, use);
@@ -190,8 +190,9 @@ export function planSamples(
  * that asked `planSamples` with `used` false: the plan leaves the table if the other user made it.
  */
 export function planUsed(reg: RegisteredDataset, first: number, count: number, blockBytes: number, use: PlanUse): void {
-  const slot = planSlot(reg, first, count, blockBytes);
-  if (isPlanOf(kept[slot], regIds.get(reg)!, first, count, blockBytes)) takeOut(slot, use);
+  const id = datasetVersionId(reg);
+  const slot = planKeyHash(id, first, count, blockBytes) >>> (32 - PLAN_SLOT_BITS);
+  if (isPlanOf(kept[slot], id, first, count, blockBytes)) takeOut(slot, use);
 }
 
 /** How many plans the plan table keeps and their bytes (for tests and diagnostics). */
@@ -216,10 +217,13 @@ export function datasetVersionId(reg: RegisteredDataset): number {
   return id;
 }
 
-/** The plan table slot of a run of samples (its dataset version numbered on first sight). */
-function planSlot(reg: RegisteredDataset, first: number, count: number, blockBytes: number): number {
-  const id = datasetVersionId(reg);
-  return (Math.imul(first, 0x9e3779b1) ^ Math.imul(count + id + blockBytes, 0x85ebca6b)) >>> (32 - PLAN_SLOT_BITS);
+/**
+ * A 32-bit hash of a plan's key, for the tables that hold plans (this module's, and the planning
+ * thread's slots in `plan-exchange.ts`): each takes its high bits, since a step's first sample is
+ * a multiple of world × micro_batch and low bits would leave most slots unused.
+ */
+export function planKeyHash(regId: number, first: number, count: number, blockBytes: number): number {
+  return (Math.imul(first, 0x9e3779b1) ^ Math.imul(count + regId * 0x10001 + blockBytes, 0x85ebca6b)) >>> 0;
 }
 
 /** Takes the plan in `slot` out of the table when `use` is its second user. */

@@ -10,7 +10,7 @@
  * planning thread is woken (a futex) only when it sleeps, once per group of requests.
  */
 
-import type { SamplePlan } from "./assemble-batch.ts";
+import { planKeyHash, type SamplePlan, SEGMENT_STRIDE } from "./assemble-batch.ts";
 import type { RegisteredDataset } from "./dataset-catalog.ts";
 
 /** What read-ahead asks of a planning thread (see `ReadAhead`'s `planAhead` option). */
@@ -63,12 +63,9 @@ interface AtomicsWaitAsync {
 /** Bytes of the shared buffer a `PlanExchange` needs. */
 export const PLAN_EXCHANGE_BYTES = CTRL_INTS * 4 + PLAN_SLOTS * 4 + 8 * (PLAN_QUEUE * REQUEST_NUMBERS + PLAN_SLOTS * PLAN_SLOT_NUMBERS);
 
-/**
- * The slot of a run: the high bits of a multiplicative hash of its key (a step's first sample is
- * a multiple of world × micro_batch, so low bits would leave most slots unused).
- */
+/** The slot of a run: the high bits of its key's hash. */
 function slotOf(regId: number, first: number, count: number, blockBytes: number): number {
-  return (Math.imul(first, 0x9e3779b1) ^ Math.imul(count + regId * 0x10001 + blockBytes, 0x85ebca6b)) >>> (32 - SLOT_BITS);
+  return planKeyHash(regId, first, count, blockBytes) >>> (32 - SLOT_BITS);
 }
 
 /**
@@ -167,7 +164,7 @@ export class PlanExchange {
     // checksum also where they may be (a plain load moved past the second sequence load).
     if (Atomics.load(this.#seq, slot) !== seq || sum !== s[at + 6]) return undefined;
     this.taken++;
-    return { segments, segmentCount: nSeg / 4, blocks };
+    return { segments, segmentCount: nSeg / SEGMENT_STRIDE, blocks };
   }
 
   /**
