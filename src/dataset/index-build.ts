@@ -33,6 +33,20 @@ export function buildFromIndexFiles(input: IndexBuildInput): TokenDataset {
   return buildTokenDataset(input.config, indexes, { binSizes: input.binSizes });
 }
 
+/** Every typed array (or DataView) under `value`, in nested objects and arrays, each once. */
+function viewsIn(value: unknown): ArrayBufferView[] {
+  const views: ArrayBufferView[] = [];
+  const seen = new Set<object>();
+  const walk = (v: unknown): void => {
+    if (typeof v !== "object" || v === null || seen.has(v)) return;
+    seen.add(v);
+    if (ArrayBuffer.isView(v)) views.push(v);
+    else for (const x of Array.isArray(v) ? v : Object.values(v)) walk(x);
+  };
+  walk(value);
+  return views;
+}
+
 /**
  * The distinct `ArrayBuffer`s under `value` (typed arrays in nested objects and arrays): the
  * transfer list that moves them to another thread instead of copying them.
@@ -42,17 +56,7 @@ export function buildFromIndexFiles(input: IndexBuildInput): TokenDataset {
  */
 export function transferablesOf(value: unknown): ArrayBuffer[] {
   const found = new Set<ArrayBuffer>();
-  const seen = new Set<object>();
-  const walk = (v: unknown): void => {
-    if (typeof v !== "object" || v === null || seen.has(v)) return;
-    seen.add(v);
-    if (ArrayBuffer.isView(v)) {
-      if (v.buffer instanceof ArrayBuffer) found.add(v.buffer);
-      return;
-    }
-    for (const x of Array.isArray(v) ? v : Object.values(v)) walk(x);
-  };
-  walk(value);
+  for (const v of viewsIn(value)) if (v.buffer instanceof ArrayBuffer) found.add(v.buffer);
   return [...found];
 }
 
@@ -90,16 +94,6 @@ export function shareArrays<T>(value: T): T {
  */
 export function unsharedBytes(value: unknown): number {
   let bytes = 0;
-  const seen = new Set<object>();
-  const walk = (v: unknown): void => {
-    if (typeof v !== "object" || v === null || seen.has(v)) return;
-    seen.add(v);
-    if (ArrayBuffer.isView(v)) {
-      if (!(v.buffer instanceof SharedArrayBuffer)) bytes += v.byteLength;
-      return;
-    }
-    for (const x of Array.isArray(v) ? v : Object.values(v)) walk(x);
-  };
-  walk(value);
+  for (const v of viewsIn(value)) if (!(v.buffer instanceof SharedArrayBuffer)) bytes += v.byteLength;
   return bytes;
 }
