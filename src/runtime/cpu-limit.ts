@@ -7,6 +7,7 @@
  */
 
 import { readFileSync } from "node:fs";
+import { cgroupDirs } from "./memory-limit.ts";
 
 /** Where to look; tests point `root` at a directory laid out like `/`. */
 export interface CpuLimitSources {
@@ -45,17 +46,13 @@ export function cpuLimit(sources: CpuLimitSources): number {
   const consider = (quota: number, period: number) => {
     if (Number.isFinite(quota) && Number.isFinite(period) && quota > 0 && period > 0) cpus = Math.min(cpus, Math.max(1, Math.floor(quota / period)));
   };
-  const cgroups = read("/proc/self/cgroup") ?? "";
-  const v2 = /^0::(\/.*)$/m.exec(cgroups)?.[1];
-  const v1 = /^\d+:(?:[^:]*,)?cpu(?:,[^:]*)?:(\/.*)$/m.exec(cgroups)?.[1];
-  // The process's own cgroup where /proc names it, and the mount's root (what a container with
-  // its own cgroup namespace sees as its cgroup).
-  for (const dir of new Set(["", v2 && v2 !== "/" ? v2 : ""])) {
+  const dirs = cgroupDirs(read("/proc/self/cgroup") ?? "", "cpu");
+  for (const dir of dirs.v2) {
     // "max 100000" is no quota.
     const m = /^(\d+) (\d+)$/.exec(read(`/sys/fs/cgroup${dir}/cpu.max`) ?? "");
     if (m) consider(Number(m[1]), Number(m[2]));
   }
-  for (const dir of new Set(["", v1 && v1 !== "/" ? v1 : ""])) {
+  for (const dir of dirs.v1) {
     for (const mount of ["cpu", "cpu,cpuacct"]) {
       // -1 is no quota.
       const quota = Number(read(`/sys/fs/cgroup/${mount}${dir}/cpu.cfs_quota_us`));

@@ -8,6 +8,21 @@
 import { readFile } from "node:fs/promises";
 import { totalmem } from "node:os";
 
+/**
+ * The cgroup directories to read a limit from, relative to the v2 mount (`/sys/fs/cgroup`) and
+ * to a v1 controller's mount: the process's own cgroup where `/proc/self/cgroup` names it, and
+ * the mount's root (what a container with its own cgroup namespace sees as its cgroup).
+ *
+ * @param procSelfCgroup the text of `/proc/self/cgroup`
+ * @param controller the v1 controller (`memory`, `cpu`)
+ * @returns the directories, "" for a mount's root
+ */
+export function cgroupDirs(procSelfCgroup: string, controller: string): { readonly v2: readonly string[]; readonly v1: readonly string[] } {
+  const v2 = /^0::(\/.*)$/m.exec(procSelfCgroup)?.[1];
+  const v1 = new RegExp(`^\\d+:(?:[^:]*,)?${controller}(?:,[^:]*)?:(\\/.*)$`, "m").exec(procSelfCgroup)?.[1];
+  return { v2: [...new Set(["", v2 && v2 !== "/" ? v2 : ""])], v1: [...new Set(["", v1 && v1 !== "/" ? v1 : ""])] };
+}
+
 /** A memory limit and where it comes from, for messages. */
 export interface MemoryLimit {
   readonly bytes: number;
@@ -43,15 +58,11 @@ export async function hostMemoryLimit(sources: MemoryLimitSources = {}): Promise
     const n = Number(text);
     return n >= 2 ** 62 ? undefined : n;
   };
-  // The process's own cgroup where /proc names it, and the mount's root (what a container with
-  // its own cgroup namespace sees as its cgroup).
-  const cgroups = (await read("/proc/self/cgroup")) ?? "";
-  const v2 = /^0::(\/.*)$/m.exec(cgroups)?.[1];
-  const v1 = /^\d+:(?:[^:]*,)?memory(?:,[^:]*)?:(\/.*)$/m.exec(cgroups)?.[1];
-  for (const dir of new Set(["", v2 && v2 !== "/" ? v2 : ""])) {
+  const dirs = cgroupDirs((await read("/proc/self/cgroup")) ?? "", "memory");
+  for (const dir of dirs.v2) {
     consider(limitOf(await read(`/sys/fs/cgroup${dir}/memory.max`)), `cgroup memory.max`);
   }
-  for (const dir of new Set(["", v1 && v1 !== "/" ? v1 : ""])) {
+  for (const dir of dirs.v1) {
     consider(limitOf(await read(`/sys/fs/cgroup/memory${dir}/memory.limit_in_bytes`)), `cgroup memory.limit_in_bytes`);
   }
   return best;
