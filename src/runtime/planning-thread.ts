@@ -21,7 +21,8 @@ const MAX_COPIED_INDEX_BYTES = 16 * 2 ** 20;
 
 /**
  * Starts a planning thread, given the datasets it is asked about as they come (their index arrays
- * shared, not copied). The thread does not keep the process alive.
+ * shared, not copied). On Node the thread does not keep the process alive; on Deno it does until
+ * `close()` (a web Worker has no unref).
  *
  * @example
  * ```ts

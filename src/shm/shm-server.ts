@@ -280,9 +280,8 @@ export class ShmServer {
    * undefined when none is kept.
    */
   takeSpare(layout: RingLayout): RingFile | undefined {
-    const k = this.#spares.findIndex(({ ring: r }) =>
-      r.layout.slots === layout.slots && r.layout.slotBytes === layout.slotBytes && r.layout.fileBytes === layout.fileBytes && r.layout.dataOffset === layout.dataOffset
-    );
+    // The rest of a layout (data offset, file size) follows from these two (`ringLayout`).
+    const k = this.#spares.findIndex(({ ring: r }) => r.layout.slots === layout.slots && r.layout.slotBytes === layout.slotBytes);
     if (k < 0) return undefined;
     const { ring } = this.#spares.splice(k, 1)[0];
     try {
@@ -373,7 +372,7 @@ export class ShmServer {
   /** Stops listening, ends every connection (their rings are removed) and removes the socket. */
   async close(): Promise<void> {
     this.#closing = true;
-    while (this.#spares.length > 0) this.#dropOldestSpare();
+    this.dropSpares();
     // A retiring ring whose fill still waits (on an origin) loses its name now; its mapping and
     // budget go when the fill stops, as any ring's (`keepSpare`).
     for (const ring of this.#retiring) ring.unlink();
