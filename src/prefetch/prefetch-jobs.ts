@@ -5,7 +5,7 @@
  */
 
 import { setMaxListeners } from "node:events";
-import { blockIndex, blockSource, planSamples } from "../batch/assemble-batch.ts";
+import { blockIndex, blockSource, planSamples } from "../batch/sample-plans.ts";
 import type { DatasetCatalog } from "../batch/dataset-catalog.ts";
 import { stepSamples } from "../batch/read-ahead.ts";
 import type { BlockCache } from "../cache/block-cache.ts";

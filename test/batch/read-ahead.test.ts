@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { blockKeys, planSamples } from "../../src/batch/assemble-batch.ts";
+import { blockKeys, planSamples } from "../../src/batch/sample-plans.ts";
 import { type ConsumerKey, IDLE_CONSUMER_MS, ReadAhead, stepSamples } from "../../src/batch/read-ahead.ts";
 import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { syntheticDataset } from "../helpers/token-data.ts";

@@ -3,9 +3,8 @@
 // --v8-flags=--expose-gc.
 
 import assert from "node:assert/strict";
-import { computePlan } from "../../../src/batch/assemble-batch.ts";
+import { computePlan, datasetVersionId } from "../../../src/batch/sample-plans.ts";
 import type { RegisteredDataset } from "../../../src/batch/dataset-catalog.ts";
-import { datasetVersionId } from "../../../src/batch/assemble-batch.ts";
 import { buildFromIndexFiles, encodeIndex, parseDatasetConfig, type TokenDataset } from "../../../src/dataset/mod.ts";
 import { PlanningThread } from "../../../src/runtime/planning-thread.ts";
 
