@@ -8,9 +8,10 @@
  */
 
 import { backoffDelay, sleep } from "../origin/retry.ts";
-import { MAX_REPORT_STEPS, MAX_TIMING_SECONDS, type StepTimings } from "../metrics/telemetry-report.ts";
+import { MAX_REPORT_STEPS } from "../metrics/telemetry-report.ts";
 import { MAX_RING_SLOTS } from "../shm/protocol.ts";
 import { type LocalTransport, ShmError, shmBatches, shmInstance, type SlotBatch } from "./shm-consumer.ts";
+import { type ReportedConsumer, type ReportedStep, StepReports } from "./step-reports.ts";
 
 /** Options of `RackfeedClient`. */
 export interface RackfeedClientOptions {
@@ -79,18 +80,6 @@ export interface BatchesOptions {
   readonly signal?: AbortSignal;
 }
 
-/** One consumer's timings not yet sent, and when its last report went out (`now()` ms). */
-interface QueuedTimings {
-  readonly body: { dataset: string; rank: number; world: number; micro_batch: number };
-  readonly steps: Map<number, StepTimings>;
-  sentAt: number;
-  /** Its reports in flight. */
-  sending: number;
-  /** Which of the caller's timings it has reported: a step waits for those (see `#send`). */
-  reportsH2d: boolean;
-  reportsCompute: boolean;
-}
-
 /** A micro-batch or run of samples: tokens in the dataset's dtype, shape `[n, seq_length + 1]`. */
 export interface TokenBatch {
   readonly tokens: Uint16Array | Int32Array | Uint8Array | Int8Array | Int16Array | Float32Array | Float64Array | BigInt64Array;
@@ -147,16 +136,7 @@ const MAX_PREFETCH = MAX_RING_SLOTS;
 /** How long a telemetry report is retried, and one attempt may take (ms). */
 const TELEMETRY_RETRY_MS = 5000;
 
-/**
- * Most steps' timings a consumer queues: one report carries them at once, whatever `reportEvery`
- * and `reportIntervalMs` say, so the queue stays bounded (and within the server's limit per report).
- * 1024: the server handles a report in one go on its event loop, ~1.6 µs per step with all three
- * timings (prom-client histograms), so a report of 4096 held every other consumer's batches ~7 ms.
- */
-export const MAX_QUEUED_STEPS = Math.min(1024, MAX_REPORT_STEPS);
-
-/** Most reports of one consumer in flight at once (each of at most `MAX_QUEUED_STEPS` steps: 32 768 steps in all, ~2 MB). */
-export const MAX_REPORTS_IN_FLIGHT = 32;
+export { MAX_QUEUED_STEPS, MAX_REPORTS_IN_FLIGHT } from "./step-reports.ts";
 
 /** A fetch failure that no retry can fix: a bad URL, an untrusted certificate (undici's and Deno's causes). */
 function permanentFetchFailure(e: unknown): boolean {
@@ -220,21 +200,13 @@ export class RackfeedClient {
   readonly #retryForMs: number;
   readonly #backoff: number;
   readonly #maxBackoff: number;
-  readonly #reportEvery: number;
-  readonly #reportIntervalMs: number;
   readonly #now: () => number;
   /** The caller's sleep (tests), or undefined: a timer, cleared when the wait is aborted. */
   readonly #sleep: ((ms: number) => Promise<void>) | undefined;
-  /** Per dataset consumer: timings not yet sent. */
-  readonly #pending = new Map<string, QueuedTimings>();
-  /** Consumers reading over shm whose server takes `timings` on their socket: their reports skip HTTP. */
-  readonly #shmTimings = new Map<string, (steps: readonly StepTimings[]) => boolean>();
-  #lastConsumer: string | undefined;
   #retried = 0;
-  #dropped = 0;
   readonly #timeoutMs: number;
-  /** Reports sent in the background (never on the data path); `close()` waits for them. */
-  readonly #reporting = new Set<Promise<void>>();
+  /** Step timings queued and reported, per consumer. */
+  readonly #reports: StepReports;
 
   /** @param opts server URL, token, transport and retry policy */
   constructor(opts: RackfeedClientOptions) {
@@ -276,21 +248,25 @@ export class RackfeedClient {
     if (this.#backoff > this.#maxBackoff) {
       throw new RangeError(`Invalid backoffMs ${this.#backoff}: expected at most maxBackoffMs (${this.#maxBackoff})`);
     }
-    this.#reportEvery = opts.reportEvery ?? 32;
-    checkInt(this.#reportEvery, "reportEvery", 0);
-    this.#reportIntervalMs = opts.reportIntervalMs ?? 1000;
-    checkMs(this.#reportIntervalMs, "reportIntervalMs", false);
+    const reportEvery = opts.reportEvery ?? 32;
+    checkInt(reportEvery, "reportEvery", 0);
+    const reportIntervalMs = opts.reportIntervalMs ?? 1000;
+    checkMs(reportIntervalMs, "reportIntervalMs", false);
     this.#now = opts.now ?? (() => performance.now());
     this.#sleep = opts.sleep;
     this.#timeoutMs = opts.timeoutMs ?? 120_000;
     checkMs(this.#timeoutMs, "timeoutMs", false); // a timer cannot take Infinity (it would fire at once): 0 is none
+    this.#reports = new StepReports({
+      now: this.#now,
+      reportEvery,
+      reportIntervalMs,
+      post: this.#url === undefined ? undefined : (consumer, steps) => this.#postTimings(consumer, steps),
+    });
   }
 
   /** Steps whose timings are queued for the next report, over all consumers (at most `MAX_QUEUED_STEPS` each). */
   get queuedSteps(): number {
-    let n = 0;
-    for (const p of this.#pending.values()) n += p.steps.size;
-    return n;
+    return this.#reports.queuedSteps;
   }
 
   /**
@@ -298,7 +274,7 @@ export class RackfeedClient {
    * that does not answer them), and its queue was full.
    */
   get droppedSteps(): number {
-    return this.#dropped;
+    return this.#reports.droppedSteps;
   }
 
   /** Requests retried since creation (transient failures survived). */
@@ -398,8 +374,7 @@ export class RackfeedClient {
       }
       const consumer = { dataset, rank: c.rank, world: c.world, micro_batch: c.microBatch };
       const id = JSON.stringify(consumer);
-      this.#queueOf(id, consumer);
-      this.#lastConsumer = id;
+      this.#reports.begin(id, consumer);
       let step = c.startStep ?? 0;
       let failingSince = NaN; // when the shm stream's current run of failures began
       for (let attempt = 0; end === undefined || step < end;) {
@@ -415,16 +390,7 @@ export class RackfeedClient {
           endStep: end,
           slots: Math.min(depth + 1, MAX_RING_SLOTS),
           signal,
-          onTimings: (send, live) => {
-            if (live) this.#shmTimings.set(id, send);
-            else if (this.#shmTimings.get(id) === send) {
-              // Its socket is about to close: what is queued goes on it now (the newest steps that
-              // still miss a timing the caller reports stay queued, for HTTP); another iteration
-              // of the same consumer may have registered its own since, which stays.
-              this.#background(this.#send(id, id));
-              this.#shmTimings.delete(id);
-            }
-          },
+          onTimings: (send, live) => this.#reports.shmSocket(id, send, live),
         });
         try {
           for (;;) {
@@ -436,11 +402,11 @@ export class RackfeedClient {
               if (c.endStep !== undefined && step < c.endStep) {
                 throw new RackfeedError(416, "RANGE_NOT_SATISFIABLE", `Step ${step} is beyond dataset "${dataset}" (world=${c.world}, micro_batch=${c.microBatch}): the server ended the shared-memory stream there`);
               }
-              this.#background(this.#send(undefined, true)); // steps still waiting for their callers' timings stay: close() sends them
+              this.#reports.sendInBackground(undefined, true); // steps still waiting for their callers' timings stay: close() sends them
               return;
             }
             const waitSeconds = (this.#now() - waitFrom) / 1000;
-            this.#record(id, { step: r.value.step, t_wait: waitSeconds });
+            this.#reports.waited(id, r.value.step, waitSeconds);
             attempt = 0;
             failingSince = NaN;
             step = r.value.step + 1;
@@ -448,7 +414,7 @@ export class RackfeedClient {
             waitFrom = this.#now();
             // A consumer whose batches are all in the ring never waits for I/O, so its reports (I/O)
             // would never complete: when they back up, let the event loop run once.
-            if (this.#autoFlush(id, waitFrom) && this.#local?.nextTurn) await this.#local.nextTurn();
+            if (this.#reports.autoFlush(id, waitFrom) && this.#local?.nextTurn) await this.#local.nextTurn();
           }
         } catch (e) {
           if (signal.aborted) throw signal.reason;
@@ -488,14 +454,14 @@ export class RackfeedClient {
         inFlight.delete(step);
         signal.throwIfAborted(); // a batch that arrived before the abort is not handed out after it
         const waitSeconds = (this.#now() - waitFrom) / 1000;
-        this.#record(id, { step, t_wait: waitSeconds });
+        this.#reports.waited(id, step, waitSeconds);
         yield { ...b, step, waitSeconds, transport: "http" };
         waitFrom = this.#now();
-        this.#autoFlush(id, waitFrom);
+        this.#reports.autoFlush(id, waitFrom);
       }
       // Never on the data path: a report that fails must not fail (or hold) the iteration; close()
       // waits for it, and sends the last steps still waiting for the caller's timings.
-      this.#background(this.#send(undefined, true));
+      this.#reports.sendInBackground(undefined, true);
     } finally {
       c.signal?.removeEventListener("abort", onAbort);
       ac.abort(new DOMException("batches() ended", "AbortError"));
@@ -542,86 +508,18 @@ export class RackfeedClient {
    * consumer is the last `batches()` iteration unless given.
    */
   reportStep(step: number, t: { t_h2d?: number; t_compute?: number }, consumer?: { dataset: string; rank: number; world: number; microBatch: number }): void {
-    const id = consumer
-      ? JSON.stringify({ dataset: consumer.dataset, rank: consumer.rank, world: consumer.world, micro_batch: consumer.microBatch })
-      : this.#lastConsumer;
-    if (id === undefined) throw new RangeError("reportStep() before any batches(): pass the consumer");
-    checkInt(step, "step", 0);
-    for (const k of ["t_h2d", "t_compute"] as const) {
-      const v = t[k];
-      // The server refuses a whole report for one bad value: refuse it here, where the caller sees it.
-      if (v !== undefined && !(typeof v === "number" && v >= 0 && v <= MAX_TIMING_SECONDS)) {
-        throw new RangeError(`Invalid ${k} for step ${step}: ${String(v)}; expected seconds from 0 to ${MAX_TIMING_SECONDS}`);
-      }
-    }
-    const q = this.#pending.get(id) ?? this.#queueOf(id, JSON.parse(id));
-    if (t.t_h2d !== undefined) q.reportsH2d = true;
-    if (t.t_compute !== undefined) q.reportsCompute = true;
-    // An explicit undefined must not erase a timing given before for this step.
-    this.#record(id, {
-      step,
-      t_wait: q.steps.get(step)?.t_wait ?? NaN,
-      ...(t.t_h2d !== undefined && { t_h2d: t.t_h2d }),
-      ...(t.t_compute !== undefined && { t_compute: t.t_compute }),
-    });
-    this.#autoFlush(id);
+    this.#reports.add(step, t, consumer);
   }
 
   /** Sends the queued timings now. */
   async flush(): Promise<void> {
     // A step still waiting for a timing its caller reports stays queued (sent apart, its timings
     // would never be judged together); close() sends those too.
-    await this.#send(undefined, true);
+    await this.#reports.flush();
   }
 
-  /**
-   * Sends queued timings: every consumer's, or `only` this one's. Each consumer's steps leave the
-   * queue before the first report is sent, so one slow report holds back no other consumer's
-   * steps and no step goes twice. `hold`: the consumer (or, with `true`, every consumer) whose
-   * newest two steps, when they still miss a timing its caller reports (t_h2d, t_compute), are
-   * kept back for it: a step's timings must travel in one report, as the server judges a step
-   * healthy only from all three.
-   *
-   * @throws {RackfeedError} when a report failed (after the others were sent)
-   */
-  async #send(only: string | undefined, hold: string | boolean): Promise<void> {
-    const reports: Promise<void>[] = [];
-    for (const [id, p] of this.#pending) {
-      if (p.steps.size === 0 || (only !== undefined && id !== only)) continue;
-      const holding = hold === true || id === hold;
-      // Only steps served in this client's loops are held (they have a t_wait): a timing that
-      // came for a step already sent can never be completed, and must not count as the newest.
-      let newest = -Infinity;
-      if (holding) for (const [k, s] of p.steps) if (!Number.isNaN(s.t_wait)) newest = Math.max(newest, k);
-      const out: StepTimings[] = [];
-      for (const [k, s] of p.steps) {
-        // A step still missing a timing the caller reports (t_compute often comes a step late,
-        // at the next synchronisation) waits while it is one of the newest two.
-        const incomplete = !Number.isNaN(s.t_wait) && ((p.reportsH2d && s.t_h2d === undefined) || (p.reportsCompute && s.t_compute === undefined));
-        if (holding && k >= newest - 1 && incomplete) continue;
-        out.push(s);
-        p.steps.delete(k);
-      }
-      if (out.length === 0) continue;
-      p.sentAt = this.#now();
-      // Over the consumer's shm socket, when it has one: a frame of float64s, where an HTTP
-      // report cost the server's event loop ~1.5 µs per step (parsing, HTTP) and the SDK a fetch.
-      if (this.#shmTimings.get(id)?.(out)) continue;
-      if (this.#url === undefined) {
-        // A socket-only client whose consumer's socket is gone has nowhere else to send them.
-        this.#dropped += out.length;
-        continue;
-      }
-      p.sending++;
-      reports.push(this.#report(p.body, out).finally(() => p.sending--));
-    }
-    const failed = (await Promise.allSettled(reports)).find((r) => r.status === "rejected");
-    if (failed) throw (failed as PromiseRejectedResult).reason;
-  }
-
-  /** Sends one consumer's steps, in reports of at most `MAX_REPORT_STEPS`. */
-  async #report(body: QueuedTimings["body"], out: StepTimings[]): Promise<void> {
-    const steps = out.map((s) => (Number.isNaN(s.t_wait) ? { ...s, t_wait: undefined } : s));
+  /** Sends one consumer's steps by HTTP, in reports of at most `MAX_REPORT_STEPS`. */
+  async #postTimings(body: ReportedConsumer, steps: ReportedStep[]): Promise<void> {
     for (let i = 0; i < steps.length; i += MAX_REPORT_STEPS) {
       await this.#request("/v1/telemetry", {
         method: "POST",
@@ -641,45 +539,7 @@ export class RackfeedClient {
    * that fails is telemetry's loss, not the caller's error.
    */
   async close(): Promise<void> {
-    await Promise.allSettled([...this.#reporting]);
-    await this.#send(undefined, false).catch(() => {});
-  }
-
-  /**
-   * Sends a consumer's timings when enough are queued and its last report is old enough, or its
-   * queue is full; fire and forget (telemetry must never stall the data path). One report in
-   * flight per consumer: steps queue meanwhile and go in the next. A full queue may send while
-   * others are in flight, up to `MAX_REPORTS_IN_FLIGHT`; past that (a server that does not
-   * answer) the oldest steps are dropped, so the client stays bounded. `now`: the caller's clock
-   * reading, if it has one.
-   *
-   * @returns true when the consumer's reports are backing up (one in flight, half a queue waiting)
-   */
-  #autoFlush(id: string, now?: number): boolean {
-    const p = this.#pending.get(id)!;
-    const n = p.steps.size;
-    if (n >= MAX_QUEUED_STEPS) {
-      if (p.sending < MAX_REPORTS_IN_FLIGHT) this.#background(this.#send(id, id));
-      else this.#dropOldest(p, n - MAX_QUEUED_STEPS);
-    } else if (p.sending === 0 && n >= this.#reportEvery && (now ?? this.#now()) - p.sentAt >= this.#reportIntervalMs) {
-      this.#background(this.#send(id, id));
-    }
-    return p.sending > 0 && p.steps.size >= MAX_QUEUED_STEPS / 2;
-  }
-
-  /** Drops a consumer's `count` oldest queued steps (a Map iterates in insertion order). */
-  #dropOldest(p: QueuedTimings, count: number): void {
-    for (const k of p.steps.keys()) {
-      if (count-- <= 0) break;
-      p.steps.delete(k);
-      this.#dropped++;
-    }
-  }
-
-  #background(p: Promise<void>): void {
-    const q = p.catch(() => {});
-    this.#reporting.add(q);
-    void q.then(() => this.#reporting.delete(q));
+    await this.#reports.close();
   }
 
   /** Waits `ms`, ended early (rejecting with its reason) by `signal`; an aborted wait leaves no timer behind. */
@@ -707,24 +567,6 @@ export class RackfeedClient {
   /** Full-jitter backoff before retry `attempt` (the origins' policy, `backoffDelay`). */
   #backoffMs(attempt: number): number {
     return backoffDelay(attempt, { retries: this.#retries, baseMs: this.#backoff, capMs: this.#maxBackoff }, Math.random);
-  }
-
-  /** A consumer's queue of timings, made on first use. */
-  #queueOf(id: string, body: QueuedTimings["body"]): QueuedTimings {
-    let q = this.#pending.get(id);
-    if (!q) this.#pending.set(id, (q = { body, steps: new Map(), sentAt: -Infinity, sending: 0, reportsH2d: false, reportsCompute: false }));
-    return q;
-  }
-
-  #record(id: string, t: StepTimings): void {
-    // A socket-only client reports on its consumer's shm socket only: without one, keep nothing.
-    if (this.#url === undefined && !this.#shmTimings.has(id)) return;
-    // A measured wait the server would refuse (an injected clock that stepped back) is sent as
-    // not measured: a refused report must not cost the other timings, nor, over shm, the batches.
-    if (!(t.t_wait >= 0 && t.t_wait <= MAX_TIMING_SECONDS) && !Number.isNaN(t.t_wait)) t = { ...t, t_wait: NaN };
-    const p = this.#pending.get(id)!;
-    const had = p.steps.get(t.step);
-    p.steps.set(t.step, had ? { ...had, ...t } : t);
   }
 
   async #tokens(path: string, signal?: AbortSignal): Promise<TokenBatch> {
