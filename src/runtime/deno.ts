@@ -2,7 +2,7 @@
 
 import nodeProcess from "node:process";
 import { statfs } from "node:fs/promises";
-import type { LockFile } from "../cache/disk-tier.ts";
+import type { LockFile } from "../cache/cache-dir-lock.ts";
 import type { CliHost } from "../cli/run-cli.ts";
 import type { FetchPool } from "../origin/s3-origin.ts";
 import { type FetchHandler, hostPort, type Listener } from "./listener.ts";

@@ -15,7 +15,7 @@ import { PlanningThread } from "./planning-thread.ts";
 import { hostMemoryLimit } from "./memory-limit.ts";
 import { loadNodePieceCopier } from "./native-gather-node.ts";
 import { loadNodeFlock, loadNodeMapping, loadNodePeerCredentials } from "./libc-node.ts";
-import type { LockFile } from "../cache/disk-tier.ts";
+import type { LockFile } from "../cache/cache-dir-lock.ts";
 import { withFd } from "./socket-fd.ts";
 import { NOT_IN_HOST } from "../http/middleware/reject-bad-host.ts";
 import { cpuLimit } from "./cpu-limit.ts";

@@ -5,7 +5,7 @@
  */
 
 import * as fs from "node:fs";
-import type { FileLock, LockFile } from "../cache/disk-tier.ts";
+import type { FileLock, LockFile } from "../cache/cache-dir-lock.ts";
 import { encodeRingHeader, type RingLayout, SLOT_HEADER_BYTES, type SlotHeader, slotHeaderOffset, writeSlotHeader } from "./protocol.ts";
 
 /** Maps `bytes` bytes of a file shared and writable; `unmap` must be called once nothing reads the view. */

@@ -19,7 +19,7 @@ import type { ServedBytes } from "../http/served-bytes.ts";
 import { type MapFile, releaseRingOwnerLock, removeDeadRings, takeRingOwnerLock } from "./ring-file.ts";
 import { RingPool } from "./ring-pool.ts";
 import { ShmConnection } from "./shm-connection.ts";
-import type { FileLock, LockFile } from "../cache/disk-tier.ts";
+import type { FileLock, LockFile } from "../cache/cache-dir-lock.ts";
 
 /** Connections on the control socket at once; more are refused by the kernel's accept queue. */
 const MAX_CONNECTIONS = 1024;

@@ -3,7 +3,8 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { DiskTier, type LockFile } from "../../src/cache/disk-tier.ts";
+import type { LockFile } from "../../src/cache/cache-dir-lock.ts";
+import { DiskTier } from "../../src/cache/disk-tier.ts";
 import { nodeFileLock } from "../../src/runtime/node.ts";
 import { expectSameBytes } from "../helpers/rackfeed.ts";
 
