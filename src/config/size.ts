@@ -52,27 +52,34 @@ export function parseSize(input: string | number, what: string): number {
 const DURATION_UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
 
 /**
- * Parses a duration: milliseconds as a number, or text with a unit `ms`, `s`, `m` or `h`.
+ * Parses a duration: text with a unit `ms`, `s`, `m` or `h`. A number without a unit is refused
+ * unless it is 0 (it would be a guess between seconds and milliseconds).
  *
  * @param input the text or number to parse
  * @param what the flag or field name, used in the error message
  * @returns the duration in milliseconds
- * @throws {RangeError} when the text is not a duration
+ * @throws {RangeError} when the text is not a duration, or has no unit and is not 0
  * @example
  * ```ts
  * parseDuration("2s", "--metadata-ttl"); // 2000
  * ```
  */
 export function parseDuration(input: string | number, what: string): number {
+  // A number with no unit is refused (0 aside): `--read-ahead-seconds 5` read as 5 ms would
+  // all but switch read-ahead off without a word.
   if (typeof input === "number") {
-    if (Number.isFinite(input) && input >= 0) return input;
-    throw new RangeError(`Invalid ${what}: expected a non-negative number of milliseconds, received ${input}`);
+    if (input === 0) return 0;
+    throw new RangeError(`Invalid ${what}: ${input} has no unit; give a string such as "${input}s" or "${input}ms" (250ms, 2s, 1m or 1h)`);
   }
   const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$/.exec(input);
   if (!m) {
     throw new RangeError(`Invalid ${what}: expected a duration such as 250ms, 2s, 1m or 1h, received "${input}"`);
   }
-  return Number(m[1]) * DURATION_UNITS[m[2] ?? "ms"];
+  const n = Number(m[1]);
+  if (m[2] === undefined && n !== 0) {
+    throw new RangeError(`Invalid ${what}: "${input.trim()}" has no unit; write ${m[1]}s or ${m[1]}ms (a duration such as 250ms, 2s, 1m or 1h)`);
+  }
+  return n * DURATION_UNITS[m[2] ?? "ms"];
 }
 
 /**

@@ -27,6 +27,18 @@ describe("sizes and durations", () => {
     expect(parseDuration("1h", "x")).toBe(3_600_000);
     expect(() => parseDuration("soon", "--metadata-ttl")).toThrow(/--metadata-ttl.*"soon"/);
   });
+  it("refuses a duration without a unit, but 0: 5 read as 5 ms where 5 s was meant would pass unseen", () => {
+    expect(parseDuration("0", "x")).toBe(0);
+    expect(parseDuration(0, "x")).toBe(0);
+    expect(() => parseDuration("5", "--read-ahead-seconds")).toThrow(/--read-ahead-seconds: "5" has no unit; write 5s or 5ms/);
+    expect(() => parseDuration(5, "readAheadSeconds")).toThrow(/readAheadSeconds: 5 has no unit/);
+    // Through every source: a flag, the environment and a config file.
+    expect(errorOf(() => load(["--read-ahead-seconds", "5"])).message).toMatch(/--read-ahead-seconds.*no unit/);
+    expect(errorOf(() => load([], { RACKFEED_SHUTDOWN_GRACE: "30" })).message).toMatch(/RACKFEED_SHUTDOWN_GRACE.*no unit/);
+    const files = { "/srv/t.json": JSON.stringify({ originTimeout: 10 }) };
+    expect(errorOf(() => load(["--config", "t.json"], {}, files)).message).toMatch(/"originTimeout" in t\.json.*no unit/);
+    expect(load(["--read-ahead-seconds", "5s"]).readAheadSeconds).toBe(5000);
+  });
   it("formats bytes for people", () => {
     expect(formatBytes(8 * 2 ** 20)).toBe("8 MiB");
     expect(formatBytes(512)).toBe("512 B");
