@@ -5,7 +5,8 @@
  */
 
 import { randomBytes } from "node:crypto";
-import { link, mkdir, readFile, realpath, rename, stat, unlink, writeFile } from "node:fs/promises";
+import { link, readFile, realpath, rename, stat, unlink, writeFile } from "node:fs/promises";
+import { makeDirs } from "../runtime/make-dirs.ts";
 
 /** An exclusive advisory lock on an open file (`flock`), which the kernel drops when its process ends, however it ends. */
 export interface FileLock {
@@ -124,7 +125,7 @@ export class CacheDirLock {
    * @throws {CacheDirInUseError} when another live process holds the directory
    */
   static async take(dir: string, owner: CacheDirOwner | undefined, onError: (message: string, cause: unknown) => void): Promise<CacheDirLock> {
-    await mkdir(dir, { recursive: true });
+    await makeDirs(dir);
     // Servers in this process share the lock by the directory's real path, however it is spelled;
     // their locks and releases run one at a time, so the count below is never raced.
     const lock = new CacheDirLock(dir, await realpath(dir), onError);

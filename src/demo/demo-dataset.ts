@@ -1,6 +1,7 @@
 /** @module The embedded demo: a small generated local dataset so `npm start` works with no cloud account. */
 
-import { mkdir, stat, writeFile } from "node:fs/promises";
+import { stat, writeFile } from "node:fs/promises";
+import { makeDirs } from "../runtime/make-dirs.ts";
 import { encodeIndex } from "../dataset/mod.ts";
 
 /** One generated demo object. */
@@ -27,7 +28,7 @@ const HELLO = "Hello from rackfeed. This file was served through the block cache
  * @returns the objects written or found
  */
 export async function ensureDemoDataset(dir: string): Promise<readonly DemoObject[]> {
-  await mkdir(`${dir}/shards`, { recursive: true });
+  await makeDirs(`${dir}/shards`);
   for (const obj of DEMO_OBJECTS) {
     const path = `${dir}/${obj.key}`;
     const want = obj.key === "hello.txt" ? new TextEncoder().encode(HELLO).length : obj.bytes;
@@ -47,7 +48,7 @@ export const DEMO_TOKEN_DATASET = { name: "demo", registration: "tokens/demo-dat
  * documents) and its registration, so the demo serves token batches too.
  */
 async function ensureDemoTokens(dir: string): Promise<void> {
-  await mkdir(`${dir}/tokens`, { recursive: true });
+  await makeDirs(`${dir}/tokens`);
   const lengths: number[] = [];
   let x = 12345;
   for (let i = 0; i < 400; i++) {

@@ -81,6 +81,16 @@ describe("rackfeed command line (Node entry)", () => {
     expect(out).not.toMatch(/^\s+at /m);
   });
 
+  it("exits 2, not hangs, when --cache-dir or --shm-dir cannot be made although its parent exists (under /proc)", async () => {
+    // Node 20's recursive mkdir loops for ever there (mkdir answers ENOENT under an existing parent).
+    const cache = await runToExit(NODE, [...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0", "--shm-dir", "off", "--origin", `d=${cwd}`, "--cache-dir", "/proc/rackfeed-no-such-dir"], cwd, 20_000);
+    expect(cache.code, cache.out).toBe(2);
+    expect(cache.out).toMatch(/^rackfeed: Invalid --cache-dir \/proc\/rackfeed-no-such-dir: ENOENT/m);
+    const shm = await runToExit(NODE, [...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0", "--shm-dir", "/proc/rackfeed-no-such-dir", "--origin", `d=${cwd}`, "--cache-dir", join(cwd, "c-proc")], cwd, 20_000);
+    expect(shm.code, shm.out).toBe(2);
+    expect(shm.out).toMatch(/Cannot start the shared-memory path on \/proc\/rackfeed-no-such-dir.*ENOENT/);
+  });
+
   it("exits 2 naming --origin when a files origin's root does not exist, or is a file", async () => {
     const missing = join(cwd, "not-mounted");
     const gone = await runToExit(NODE, [...NODE_TS, entry, "serve", "--listen", "127.0.0.1:0", "--shm-dir", "off", "--origin", `data=${missing}`, "--cache-dir", join(cwd, "c-missing")], cwd);
