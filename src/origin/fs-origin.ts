@@ -1,7 +1,7 @@
 /** @module An origin on a POSIX or NFS mount: positional reads, version from inode+size+mtime, never a path outside its root. */
 
 import { constants, type Stats } from "node:fs";
-import { open, opendir, realpath, stat } from "node:fs/promises";
+import { open, opendir, readdir, realpath, stat } from "node:fs/promises";
 import { OriginError } from "../errors.ts";
 import { type ListedObject, type ObjectInfo, type Origin, readDeadlineMs } from "./origin.ts";
 
@@ -49,6 +49,8 @@ export class FsOrigin implements Origin {
   readonly #timeoutMs: number | undefined;
   readonly #maxHung: number;
   #realRoot: Promise<string> | undefined;
+  /** The root's device and inode when it was resolved: an unmounted share leaves its mount point, on another device. */
+  #rootId = "";
   /** File calls started and not returned, and how many of them are past their deadline. */
   #unreturned = 0;
   #hung = 0;
@@ -113,7 +115,7 @@ export class FsOrigin implements Origin {
     try {
       real = await realpath(`${this.#root}/${key}`);
     } catch (e) {
-      throw this.#fail(e, key);
+      throw await this.#notFound(e, key);
     }
     const prefix = root === "/" ? "/" : `${root}/`;
     if (!real.startsWith(prefix)) {
@@ -137,7 +139,7 @@ export class FsOrigin implements Origin {
     try {
       st = await stat(path);
     } catch (e) {
-      throw this.#fail(e, key);
+      throw await this.#notFound(e, key);
     }
     if (!st.isFile()) throw new OriginError("OBJECT_NOT_FOUND", `Object "${key}" not found in origin "${this.name}"`);
     return infoOf(st);
@@ -149,7 +151,7 @@ export class FsOrigin implements Origin {
     try {
       fh = await open(path, constants.O_RDONLY);
     } catch (e) {
-      throw this.#fail(e, key);
+      throw await this.#notFound(e, key);
     }
     try {
       // The version is checked on the open descriptor, so the bytes read below belong to
@@ -206,18 +208,66 @@ export class FsOrigin implements Origin {
       throw e;
     }
     await this.#walk(start, dirKey, prefix, limit, out);
+    // Nothing found may be a share unmounted since: its empty mount point lists nothing.
+    if (out.length === 0) {
+      const down = await this.#rootGone(undefined);
+      if (down) throw down;
+    }
     out.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
     return out.slice(0, limit);
   }
 
   /** The root's real path, kept once found; a failure is not kept, so a share that comes back is used again. */
   #resolveRoot(): Promise<string> {
-    this.#realRoot ??= realpath(this.#root).catch((e) => {
+    this.#realRoot ??= (async () => {
+      const real = await realpath(this.#root);
+      this.#rootId = idOf(await stat(real));
+      return real;
+    })().catch((e) => {
       this.#realRoot = undefined;
-      // The root itself is gone (an NFS mount that went away): the origin is down, not the object.
-      throw new OriginError("ORIGIN_UNAVAILABLE", `Origin "${this.name}" cannot reach its root ${this.#root}: ${(e as { code?: string }).code ?? (e as Error).message}`, { cause: e, unreachable: true });
+      throw this.#rootUnreachable(e);
     });
     return this.#realRoot;
+  }
+
+  /** The root itself is gone (an NFS mount that went away): the origin is down, not the object. */
+  #rootUnreachable(e: unknown): OriginError {
+    return new OriginError("ORIGIN_UNAVAILABLE", `Origin "${this.name}" cannot reach its root ${this.#root}: ${(e as { code?: string }).code ?? (e as Error).message}`, { cause: e, unreachable: true });
+  }
+
+  /**
+   * The error of a call that found no object: a missing object, unless the root is gone (see
+   * `#rootGone`): then the origin is down (502).
+   */
+  async #notFound(e: unknown, key: string): Promise<OriginError> {
+    const err = this.#fail(e, key);
+    if (err.code !== "OBJECT_NOT_FOUND") return err;
+    return (await this.#rootGone(e)) ?? err;
+  }
+
+  /**
+   * Checked when something was not found: the root is gone, or is another directory now and an
+   * empty one (an NFS share unmounted after start-up leaves its mount point, empty, and on
+   * another device). Another directory that holds files is taken as the share mounted again, and
+   * becomes the root.
+   *
+   * @returns the origin's error (502), or undefined when the root is as it was
+   */
+  async #rootGone(cause: unknown): Promise<OriginError | undefined> {
+    if (this.#realRoot === undefined) return undefined;
+    let id: string;
+    try {
+      id = idOf(await stat(this.#root));
+    } catch (e) {
+      this.#realRoot = undefined;
+      return this.#rootUnreachable(e);
+    }
+    if (id === this.#rootId) return undefined;
+    if (await readdir(this.#root).then((names) => names.length === 0, () => true)) {
+      return new OriginError("ORIGIN_UNAVAILABLE", `Origin "${this.name}" cannot reach its root ${this.#root}: it is now another directory, and an empty one (the mount point of an unmounted share?)`, { cause, unreachable: true });
+    }
+    this.#realRoot = undefined; // resolved again, with its new identity
+    return undefined;
   }
 
   async #walk(dir: string, dirKey: string, prefix: string, limit: number, out: ListedObject[]): Promise<void> {
@@ -225,7 +275,7 @@ export class FsOrigin implements Origin {
     try {
       for await (const e of await opendir(dir)) entries.push(e);
     } catch (e) {
-      throw this.#fail(e, dirKey);
+      throw await this.#notFound(e, dirKey);
     }
     entries.sort((a, b) => (a.name < b.name ? -1 : 1));
     for (const e of entries) {
@@ -286,4 +336,9 @@ export async function checkFsRoot(root: string): Promise<void> {
   } catch (e) {
     throw new Error(`${root} cannot be read by this process: ${(e as { code?: string }).code ?? (e as Error).message}`, { cause: e });
   }
+}
+
+/** A directory's identity: its device and inode. */
+function idOf(st: Stats): string {
+  return `${st.dev}:${st.ino}`;
 }

@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { closeSync, constants, mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync } from "node:fs";
+import { closeSync, constants, mkdirSync, mkdtempSync, openSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -104,6 +104,32 @@ describe("FsOrigin whose root goes away", () => {
       expect(await origin.list("", 10)).toEqual([{ key: "a.bin", size: 3 }]);
     } finally {
       rmSync(root, { recursive: true, force: true });
+    }
+  });
+
+  it("answers 502 once its root goes away after it has served, and again while an empty directory stands in for it", async () => {
+    const root = mkdtempSync(join(tmpdir(), "rf-root-"));
+    writeFileSync(join(root, "a.bin"), "xyz");
+    const origin = new FsOrigin({ name: "nfs", root });
+    try {
+      expect((await origin.stat("a.bin")).size).toBe(3);
+      await expect(origin.stat("missing.bin")).rejects.toMatchObject({ code: "OBJECT_NOT_FOUND" }); // a missing object is still a 404
+      // Unmounted: the share's files go, and its mount point stays as another, empty directory.
+      renameSync(root, `${root}.away`);
+      mkdirSync(root);
+      await expect(origin.stat("a.bin")).rejects.toMatchObject({ code: "ORIGIN_UNAVAILABLE", message: expect.stringMatching(/cannot reach its root .*an empty one/) });
+      await expect(origin.stat("a.bin")).rejects.toMatchObject({ code: "ORIGIN_UNAVAILABLE" }); // not once, for as long as it lasts
+      await expect(origin.list("", 10)).rejects.toMatchObject({ code: "ORIGIN_UNAVAILABLE" });
+      // The mount point itself removed: 502 too.
+      rmSync(root, { recursive: true });
+      await expect(origin.stat("a.bin")).rejects.toMatchObject({ code: "ORIGIN_UNAVAILABLE", message: expect.stringMatching(/ENOENT/) });
+      // Mounted again (another directory, holding files): served, and a missing object is a 404 again.
+      renameSync(`${root}.away`, root);
+      expect((await origin.stat("a.bin")).size).toBe(3);
+      await expect(origin.stat("missing.bin")).rejects.toMatchObject({ code: "OBJECT_NOT_FOUND" });
+    } finally {
+      rmSync(root, { recursive: true, force: true });
+      rmSync(`${root}.away`, { recursive: true, force: true });
     }
   });
 });
