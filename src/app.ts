@@ -23,7 +23,7 @@ import type { ServedBytes } from "./http/served-bytes.ts";
 import type { Metrics } from "./metrics/prometheus.ts";
 import type { ServerStatus } from "./metrics/status.ts";
 import { dashboardRoutes } from "./http/routes/dashboard.ts";
-import { OPENAPI_DOCUMENT, routeDoc } from "./http/route-docs.ts";
+import { OPENAPI_DOCUMENT, READ, routeDoc } from "./http/route-docs.ts";
 import { openAPIRouteHandler } from "hono-openapi";
 import type { OriginGateway } from "./origin/origin-gateway.ts";
 import type { PieceCopier } from "./batch/piece-copier.ts";
@@ -111,7 +111,9 @@ export function createApp(deps: AppDeps): Hono {
   });
   app.get(
     "/v1/shm",
-    routeDoc("datasets", "Where the shared-memory control socket is, for co-located clients (404 when the shm path is off)"),
+    routeDoc("datasets", "Where the shared-memory control socket is, for co-located clients (404 when the shm path is off)", {
+      responses: { ...READ, 404: { description: "The shm path is off (--shm-dir off)" }, 503: { description: "The shm path is still starting; retry" } },
+    }),
     (c) => {
       const info = deps.shm?.();
       // HTTP listens before the socket (its default name holds the port): a client asking in

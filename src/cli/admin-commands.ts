@@ -277,7 +277,8 @@ export function renderStats(samples: readonly MetricSample[]): string[] {
         `${get("rackfeed_origin_errors_total", { origin })} errors, ${get("rackfeed_origin_inflight_requests", { origin })} in flight`,
     );
   }
-  lines.push(`served ${formatBytes(get("rackfeed_served_bytes_total", { transport: "http1" }))} over HTTP/1.1`);
+  const served = (transport: string) => formatBytes(get("rackfeed_served_bytes_total", { transport }));
+  lines.push(`served ${served("http1")} over HTTP/1.1, ${served("http2")} over HTTP/2, ${served("shm")} over shared memory`);
   const consumers = all("rackfeed_readahead_steps");
   lines.push("consumers (dataset rank/world × micro_batch: look-ahead, step time)");
   if (consumers.length === 0) lines.push("  (none)");

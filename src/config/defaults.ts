@@ -222,7 +222,7 @@ export const TUNABLES = {
     env: "RACKFEED_READ_AHEAD_BLOCKS",
     default: "2",
     parse: intIn(0, 64),
-    doc: "Blocks fetched ahead of the one being sent while streaming a long range, at first: it doubles each time the reader catches up with a fill, up to twice --origin-concurrency-max blocks (64 at most, and at most a quarter of --memory-bytes)",
+    doc: "Blocks fetched ahead of the one being sent while streaming a long range, at first: it doubles each time the reader catches up with a fill, up to twice --origin-concurrency-max blocks (twice --origin-concurrency with --part-sizing fixed; 64 at most, and at most a quarter of --memory-bytes)",
   } as Tunable<number>,
   originTimeout: {
     key: "originTimeout",

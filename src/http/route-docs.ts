@@ -48,6 +48,19 @@ export const TOKEN_BODY = {
 /** Routes that take a JSON body, bounded by `bytes`. */
 export const bodyBound = (bytes: number) => ({ 413: error(`Body over ${bytes} bytes`), 503: error("Too many request bodies being received at once (--request-body-bytes); retry after Retry-After") });
 
+/** Routes under `/v1/`: a server started with `--read-token` wants it. */
+export const READ = { 401: error("Missing or wrong read token (a server started with --read-token)") };
+
+/** Routes that read through the cache: the origin's failures. */
+export const ORIGIN_FAILURES = {
+  502: error("The origin failed (or cannot reach its root)"),
+  503: error("The origin's queue is full, it is down (circuit open), or the object changed while being read; retry after Retry-After"),
+  504: error("The origin did not answer in time"),
+};
+
+/** Routes of one dataset. */
+export const UNKNOWN_DATASET = { 404: error("Unknown dataset") };
+
 /** Admin-only routes. */
 export const ADMIN = { security: [{ bearer: [] }], responses: { 401: error("Missing or wrong admin token"), 403: error("Admin endpoints are disabled (no --admin-token)") } };
 

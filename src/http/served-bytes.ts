@@ -1,11 +1,11 @@
 /** @module Counts the body bytes actually handed to each transport. */
 
 /** The transports of `rackfeed_served_bytes_total`. */
-export type Transport = "http1" | "http2" | "shm" | "extents";
+export type Transport = "http1" | "http2" | "shm";
 
 /** Per-transport byte counters, shared by the routes that send bodies. */
 export class ServedBytes {
-  readonly #bytes: Record<Transport, number> = { http1: 0, http2: 0, shm: 0, extents: 0 };
+  readonly #bytes: Record<Transport, number> = { http1: 0, http2: 0, shm: 0 };
 
   /** Adds `n` bytes sent over `transport`. */
   add(transport: Transport, n: number): void {

@@ -102,8 +102,12 @@ describe("rackfeed stats", () => {
       'rackfeed_readahead_steps{dataset="pile",rank="3",world="8",micro_batch="4"} 12',
       'rackfeed_readahead_seconds{dataset="pile",rank="3",world="8",micro_batch="4"} 0.24',
       'rackfeed_consumer_step_seconds{dataset="pile",rank="3",world="8",micro_batch="4"} 0.02',
+      'rackfeed_served_bytes_total{transport="http1"} 2048',
+      'rackfeed_served_bytes_total{transport="http2"} 3145728',
+      'rackfeed_served_bytes_total{transport="shm"} 0',
     ].join("\n")));
     expect(lines).toContain("  pile 3/8 × 4: 12 steps, 0.24 s buffered, 20.0 ms/step");
+    expect(lines).toContain("served 2 KiB over HTTP/1.1, 3 MiB over HTTP/2, 0 B over shared memory");
   });
 
   it("exits 1 saying why the server cannot be reached", async () => {

@@ -4,12 +4,14 @@ import { makeWorkspace, type RunningServer, startServer, type Workspace } from "
 
 let ws: Workspace;
 let rf: RunningServer;
-let spec: { openapi: string; paths: Record<string, Record<string, { summary?: string; parameters?: unknown[] }>> };
+let spec: { openapi: string; paths: Record<string, Record<string, { summary?: string; parameters?: unknown[]; responses?: Record<string, unknown> }>> };
+const ADMIN = "admin-token-for-openapi-tests";
+const READ = "read-token-for-openapi-tests";
 
 beforeAll(async () => {
   ws = await makeWorkspace();
-  rf = await startServer(ws);
-  spec = await (await fetch(`${rf.url}/openapi.json`)).json();
+  rf = await startServer(ws, ["--admin-token", ADMIN, "--read-token", READ]);
+  spec = await (await fetch(`${rf.url}/openapi.json`, { headers: { authorization: `Bearer ${READ}` } })).json();
 });
 afterAll(async () => {
   await rf.close();
@@ -52,5 +54,24 @@ describe("GET /openapi.json", () => {
     }
     const described = Object.entries(spec.paths).flatMap(([p, ops]) => Object.keys(ops).map((m) => `${m.toUpperCase()} ${p}`));
     expect(described.filter((r) => !listed.has(r))).toEqual([]);
+  });
+
+  it("lists the statuses the routes really answer with", async () => {
+    const documented = (path: string, method: string) => Object.keys(spec.paths[path][method].responses ?? {}).map(Number);
+    const status = async (path: string, init: RequestInit = {}) => (await fetch(`${rf.url}${path}`, init)).status;
+    const read = { headers: { authorization: `Bearer ${READ}` } };
+    const admin = { headers: { authorization: `Bearer ${ADMIN}` } };
+    const seen: [string, string, number][] = [
+      ["/v1/datasets/{name}", "get", await status("/v1/datasets/nope", read)],
+      ["/v1/datasets/{name}", "get", await status("/v1/datasets/nope")],
+      ["/v1/datasets/{name}/batches/{step}", "get", await status("/v1/datasets/nope/batches/0?micro_batch=1", read)],
+      ["/v1/shm", "get", await status("/v1/shm", read)], // the shm path is off here
+      ["/v1/objects/{origin}/{key}", "get", await status("/v1/objects/data/missing.bin")],
+      ["/prefetch/{id}", "get", await status("/prefetch/nope", admin)],
+      ["/prefetch/{id}", "delete", await status("/prefetch/nope", { ...admin, method: "DELETE" })],
+    ];
+    expect(seen.map(([, , s]) => s)).toEqual([404, 401, 404, 404, 401, 404, 404]);
+    for (const [path, method, s] of seen) expect(documented(path, method), `${method} ${path} answered ${s}`).toContain(s);
+    for (const s of [502, 503, 504]) expect(documented("/v1/objects/{origin}/{key}", "get")).toContain(s);
   });
 });

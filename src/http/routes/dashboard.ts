@@ -6,7 +6,7 @@
 
 import type { Hono } from "hono";
 import type { ServerStatus } from "../../metrics/status.ts";
-import { routeDoc } from "../route-docs.ts";
+import { READ, routeDoc } from "../route-docs.ts";
 
 /**
  * Registers `/` and `/v1/status`.
@@ -15,7 +15,7 @@ import { routeDoc } from "../route-docs.ts";
  * @param deps the status snapshot
  */
 export function dashboardRoutes(app: Hono, deps: { status: () => Promise<ServerStatus> | ServerStatus }): void {
-  app.get("/v1/status", routeDoc("operations", "The server's state as one JSON document (what the dashboard draws)"), async (c) => c.json(await deps.status()));
+  app.get("/v1/status", routeDoc("operations", "The server's state as one JSON document (what the dashboard draws)", { responses: READ }), async (c) => c.json(await deps.status()));
   app.get("/", routeDoc("operations", "The live dashboard page (HTML)"), (c) => c.html(DASHBOARD_HTML, 200, { "cache-control": "no-store" }));
 }
 

@@ -13,7 +13,7 @@ import { badRequest, RangeNotSatisfiableError } from "../../errors.ts";
 import { bearerAuth } from "../middleware/bearer-auth.ts";
 import type { RequestBodies } from "../middleware/request-bodies.ts";
 import { httpTransport, type ServedBytes } from "../served-bytes.ts";
-import { ADMIN, bodyBound, query, routeDoc, TOKEN_BODY } from "../route-docs.ts";
+import { ADMIN, bodyBound, ORIGIN_FAILURES, query, READ, routeDoc, TOKEN_BODY, UNKNOWN_DATASET } from "../route-docs.ts";
 
 /** What the dataset routes need. */
 export interface DatasetRoutesDeps {
@@ -80,9 +80,9 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     },
   );
 
-  app.get("/v1/datasets", routeDoc("datasets", "Names of the registered datasets"), (c) => c.json({ datasets: deps.catalog.names() }));
+  app.get("/v1/datasets", routeDoc("datasets", "Names of the registered datasets", { responses: READ }), (c) => c.json({ datasets: deps.catalog.names() }));
 
-  app.get("/v1/datasets/:name", routeDoc("datasets", "Describe a dataset: kind, dtype, samples, shape, documents, tokens, epochs"), async (c) => {
+  app.get("/v1/datasets/:name", routeDoc("datasets", "Describe a dataset: kind, dtype, samples, shape, documents, tokens, epochs", { responses: { ...READ, ...UNKNOWN_DATASET } }), async (c) => {
     const reg = await deps.catalog.get(c.req.param("name"));
     return c.json({ ...describe(reg), rebuildError: deps.catalog.rebuildError(reg.name) ?? null });
   });
@@ -91,7 +91,7 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     "/v1/datasets/:name/samples",
     routeDoc("datasets", "Samples start .. start+count-1", {
       parameters: [query("start", "First sample (default 0)"), query("count", "Number of samples (default 1)")],
-      responses: { 200: TOKEN_BODY, 416: { description: "Beyond the dataset" } },
+      responses: { 200: TOKEN_BODY, 416: { description: "Beyond the dataset" }, ...READ, ...UNKNOWN_DATASET, ...ORIGIN_FAILURES },
     }),
     async (c) => {
     const reg = await deps.catalog.get(c.req.param("name"));
@@ -110,7 +110,7 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     "/v1/datasets/:name/batches/:step",
     routeDoc("datasets", "Rank R's micro-batch of a step: samples (step*W + R)*B .. +B-1", {
       parameters: [query("rank", "Rank R (default 0)"), query("world", "World size W (default 1)"), query("micro_batch", "Micro-batch size B", true)],
-      responses: { 200: TOKEN_BODY, 416: { description: "Step beyond the dataset" } },
+      responses: { 200: TOKEN_BODY, 416: { description: "Step beyond the dataset" }, ...READ, ...UNKNOWN_DATASET, ...ORIGIN_FAILURES },
     }),
     async (c) => {
     const reg = await deps.catalog.get(c.req.param("name"));

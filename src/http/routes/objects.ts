@@ -8,7 +8,7 @@ import type { OriginGateway } from "../../origin/origin-gateway.ts";
 import { evaluateRange, ifNoneMatchHits, ifRangeAllows } from "../range.ts";
 import { rawPathOf } from "../raw-path.ts";
 import { httpTransport, pullStream, type ServedBytes } from "../served-bytes.ts";
-import { routeDoc } from "../route-docs.ts";
+import { ORIGIN_FAILURES, READ, routeDoc } from "../route-docs.ts";
 
 /** What the object routes need. */
 export interface ObjectRoutesDeps {
@@ -39,6 +39,8 @@ export function objectRoutes(app: Hono, deps: ObjectRoutesDeps): void {
         304: { description: "Not modified (If-None-Match)" },
         404: { description: "Unknown origin or object" },
         416: { description: "Range not satisfiable; Content-Range: bytes */size" },
+        ...READ,
+        ...ORIGIN_FAILURES,
       },
     }),
     async (c) => {

@@ -8,6 +8,9 @@ import { bearerAuth } from "../middleware/bearer-auth.ts";
 import type { RequestBodies } from "../middleware/request-bodies.ts";
 import { ADMIN, bodyBound, routeDoc } from "../route-docs.ts";
 
+/** The admin routes of one job. */
+const OF_JOB = { ...ADMIN, responses: { ...ADMIN.responses, 404: { description: "Unknown job (finished jobs past the most remembered are forgotten, oldest first)" } } };
+
 /** Largest prefetch request body. */
 const MAX_PREFETCH_BYTES = 1 << 20;
 
@@ -42,14 +45,14 @@ export function prefetchRoutes(app: Hono, deps: { jobs: PrefetchJobs; adminToken
   );
 
   app.get("/prefetch", routeDoc("prefetch", "Jobs and their progress (admin)", ADMIN), (c) => c.json({ jobs: deps.jobs.list() }));
-  app.get("/prefetch/:id", routeDoc("prefetch", "A job's progress (admin)", ADMIN), (c) => c.json(deps.jobs.get(c.req.param("id"))));
-  app.delete("/prefetch/:id", routeDoc("prefetch", "Cancel a job (admin)", ADMIN), (c) => c.json(deps.jobs.cancel(c.req.param("id"))));
+  app.get("/prefetch/:id", routeDoc("prefetch", "A job's progress (admin)", OF_JOB), (c) => c.json(deps.jobs.get(c.req.param("id"))));
+  app.delete("/prefetch/:id", routeDoc("prefetch", "Cancel a job (admin)", OF_JOB), (c) => c.json(deps.jobs.cancel(c.req.param("id"))));
 
   app.get(
     "/prefetch/:id/events",
     routeDoc("prefetch", "A job's progress as Server-Sent Events (admin)", {
-      ...ADMIN,
-      responses: { ...ADMIN.responses, 200: { description: "text/event-stream of `progress` events", content: { "text/event-stream": {} } } },
+      ...OF_JOB,
+      responses: { ...OF_JOB.responses, 200: { description: "text/event-stream of `progress` events", content: { "text/event-stream": {} } } },
     }),
     (c) => {
     const id = c.req.param("id");

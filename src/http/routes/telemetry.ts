@@ -5,7 +5,7 @@ import { badRequest } from "../../errors.ts";
 import type { Metrics } from "../../metrics/prometheus.ts";
 import { MAX_REPORT_STEPS, MAX_TIMING_SECONDS } from "../../metrics/telemetry-report.ts";
 import type { RequestBodies } from "../middleware/request-bodies.ts";
-import { bodyBound, routeDoc } from "../route-docs.ts";
+import { bodyBound, READ, routeDoc } from "../route-docs.ts";
 
 /** Largest telemetry report body. */
 const MAX_REPORT_BYTES = 2 << 20;
@@ -21,7 +21,7 @@ export function telemetryRoutes(app: Hono, deps: { metrics: Metrics; datasets: (
     "/v1/telemetry",
     routeDoc("datasets", "Report per-step t_wait, t_h2d and t_compute of a consumer (the SDK does this)", {
       requestBody: { required: true, content: { "application/json": { schema: { type: "object" } } } },
-      responses: { 204: { description: "Recorded" }, ...bodyBound(MAX_REPORT_BYTES) },
+      responses: { 204: { description: "Recorded" }, ...READ, ...bodyBound(MAX_REPORT_BYTES) },
     }),
     deps.requestBodies.limit(MAX_REPORT_BYTES, "Telemetry report too large: at most 2 MiB of JSON; report more often"),
     async (c) => {
