@@ -9,7 +9,7 @@ afterAll(() => rmSync(root, { recursive: true, force: true }));
 
 describe.each([
   ["makeDirs", (p: string) => makeDirs(p)],
-  ["makeDirsSync", async (p: string) => makeDirsSync(p)],
+  ["makeDirsSync", (p: string) => new Promise<void>((resolve) => resolve(makeDirsSync(p)))],
 ] as const)("%s", (name, make) => {
   it("makes a directory and its missing parents, and leaves an existing one alone", async () => {
     const deep = join(root, name, "a", "b", "c");
