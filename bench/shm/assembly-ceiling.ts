@@ -7,7 +7,7 @@
 
 import { readFileSync } from "node:fs";
 import { assembleSamples } from "../../src/batch/assemble-batch.ts";
-import { stepSamples } from "../../src/batch/read-ahead.ts";
+import { stepSamples } from "../../src/batch/steps.ts";
 import { loadConfig } from "../../src/config/load.ts";
 import { loadNodePieceCopier } from "../../src/runtime/native-gather-node.ts";
 import { createServer } from "../../src/server.ts";

@@ -9,6 +9,7 @@ import type { BlockCache } from "../cache/block-cache.ts";
 import { blockIndex, blockKeys, blockSource, planSamples } from "./sample-plans.ts";
 import type { RegisteredDataset } from "./dataset-catalog.ts";
 import type { PlansAhead } from "./plan-exchange.ts";
+import { fullSteps, stepSamples } from "./steps.ts";
 
 /** Who reads: one trainer rank's view of a dataset. */
 export interface ConsumerKey {
@@ -118,11 +119,6 @@ export const IDLE_CONSUMER_MS = 10 * 60_000;
  * time for 64 KiB batches at 4 in flight). A step already served is a jump (a resume).
  */
 const OWED_STEPS = 16;
-
-/** Samples of `step` for a consumer: `[first, first + microBatch)`. */
-export function stepSamples(step: number, rank: number, world: number, microBatch: number): number {
-  return (step * world + rank) * microBatch;
-}
 
 /**
  * Tracks consumers and warms the blocks of their next steps.
@@ -397,9 +393,9 @@ export class ReadAhead {
     } else c.head = i;
   }
 
+  /** The consumer's last step (its epoch ends at the last full step, as served). */
   #lastStep(c: Consumer): number {
-    const perStep = c.key.world * c.key.microBatch;
-    return Math.floor((c.reg.dataset.numSamples - (c.key.rank + 1) * c.key.microBatch) / perStep);
+    return fullSteps(c.reg.dataset.numSamples, c.key.world, c.key.microBatch) - 1;
   }
 
   /** Every tracked consumer with its look-ahead now. */

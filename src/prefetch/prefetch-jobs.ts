@@ -7,7 +7,7 @@
 import { setMaxListeners } from "node:events";
 import { blockIndex, blockSource, planSamples } from "../batch/sample-plans.ts";
 import type { DatasetCatalog } from "../batch/dataset-catalog.ts";
-import { stepSamples } from "../batch/read-ahead.ts";
+import { fullSteps, stepSamples } from "../batch/steps.ts";
 import type { BlockCache } from "../cache/block-cache.ts";
 import { badRequest, CacheServerError, OverloadedError } from "../errors.ts";
 import { validateObjectKey } from "../origin/object-key.ts";
@@ -359,7 +359,7 @@ export class PrefetchJobs {
     }
     const reg = await this.#opts.catalog.get(req.dataset);
     const [from, wanted] = req.steps;
-    const steps = Math.floor(reg.dataset.numSamples / (req.world * req.microBatch));
+    const steps = fullSteps(reg.dataset.numSamples, req.world, req.microBatch);
     if (from >= steps) {
       throw badRequest(
         `Invalid prefetch "steps": dataset "${req.dataset}" has steps 0-${steps - 1} with world ${req.world} and micro_batch ${req.microBatch}; received [${from}, ${wanted}]`,

@@ -17,7 +17,8 @@ import {
   takeResident,
 } from "../batch/assemble-batch.ts";
 import type { RegisteredDataset } from "../batch/dataset-catalog.ts";
-import { type ConsumerKey, stepSamples } from "../batch/read-ahead.ts";
+import type { ConsumerKey } from "../batch/read-ahead.ts";
+import { fullSteps, stepSamples } from "../batch/steps.ts";
 import { isCacheServerError } from "../errors.ts";
 import { STATUS_OF } from "../http/error-handler.ts";
 import { constantTimeEqual } from "../http/middleware/bearer-auth.ts";
@@ -362,8 +363,8 @@ export class ShmConnection {
     }
     const reg = await this.#o.catalog.get(m.dataset);
     if (this.#closed) return; // the peer left while the catalog answered: make no ring
-    const lastStep = Math.floor(reg.dataset.numSamples / (world * microBatch));
-    const endStep = m.endStep === undefined ? lastStep : Math.min(int(m, "endStep", 0, Number.MAX_SAFE_INTEGER), lastStep);
+    const steps = fullSteps(reg.dataset.numSamples, world, microBatch);
+    const endStep = m.endStep === undefined ? steps : Math.min(int(m, "endStep", 0, Number.MAX_SAFE_INTEGER), steps);
     const cols = reg.dataset.windowLength;
     const batchBytes = bodyBytes(reg, microBatch);
     if (batchBytes > this.#o.maxBatchBytes) {

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { blockIndex, planSamples } from "../../src/batch/sample-plans.ts";
 import { type BatchCost, classifySlowBatch } from "../../src/batch/batch-stats.ts";
-import { stepSamples } from "../../src/batch/read-ahead.ts";
+import { stepSamples } from "../../src/batch/steps.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import type { ObjectInfo } from "../../src/origin/origin.ts";
 import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";

@@ -147,6 +147,16 @@ describe("batches", () => {
     const res = await fetch(`${rf.url}/v1/datasets/u16_one_epoch/batches/125?rank=0&world=1&micro_batch=8`);
     expect(res.status).toBe(416);
     expect((await res.json()).message).toMatch(/steps 0-124/);
+    // 1000 samples, world 3 × micro_batch 8: 41 full steps. Step 41 would fit rank 0 (samples
+    // 984-991) but not ranks 1 and 2: every rank gets the same 416, as over shm and in the SDK.
+    for (const rank of [0, 1, 2]) {
+      const last = await fetch(`${rf.url}/v1/datasets/u16_one_epoch/batches/41?rank=${rank}&world=3&micro_batch=8`);
+      expect(last.status, `rank ${rank}`).toBe(416);
+      expect((await last.json()).message).toMatch(/with world=3 and micro_batch=8 it has steps 0-40 \(1000 samples\)/);
+      const served = await fetch(`${rf.url}/v1/datasets/u16_one_epoch/batches/40?rank=${rank}&world=3&micro_batch=8`);
+      expect(served.status, `rank ${rank}`).toBe(200);
+      await served.arrayBuffer();
+    }
     const tooBig = await fetch(`${rf.url}/v1/datasets/u16_one_epoch/batches/0?rank=0&world=1&micro_batch=100000`);
     expect(tooBig.status).toBe(416);
     expect((await tooBig.json()).message).toMatch(/it has no full step \(1000 samples\)/);

@@ -7,7 +7,8 @@ import type { BatchBodyPool } from "../../batch/body-pool.ts";
 import type { ClientGone, WhenDone } from "../../runtime/listener.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../../batch/dataset-catalog.ts";
 import type { BatchStats } from "../../batch/batch-stats.ts";
-import { type ReadAhead, stepSamples } from "../../batch/read-ahead.ts";
+import type { ReadAhead } from "../../batch/read-ahead.ts";
+import { fullSteps, stepSamples } from "../../batch/steps.ts";
 import type { BlockCache } from "../../cache/block-cache.ts";
 import { badRequest, RangeNotSatisfiableError } from "../../errors.ts";
 import { bearerAuth } from "../middleware/bearer-auth.ts";
@@ -120,15 +121,16 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     const world = intParam(c, "world", 1, 1 << 20, 1);
     const rank = intParam(c, "rank", 0, world - 1, 0);
     const microBatch = intParam(c, "micro_batch", 1, 1 << 20, undefined);
-    const first = stepSamples(step, rank, world, microBatch);
-    if (first + microBatch > reg.dataset.numSamples) {
-      const steps = Math.floor(reg.dataset.numSamples / (world * microBatch));
+    // Full steps only, for every rank alike: a last, partial step would give some ranks a batch
+    // and others a 416 (the shm path and the SDK end the epoch there too).
+    const steps = fullSteps(reg.dataset.numSamples, world, microBatch);
+    if (step >= steps) {
       const has = steps === 0 ? "no full step" : `steps 0-${steps - 1}`;
       throw new RangeNotSatisfiableError(
         `Step ${step} is beyond dataset "${reg.name}": with world=${world} and micro_batch=${microBatch} it has ${has} (${reg.dataset.numSamples} samples)`,
       );
     }
-    const res = await batchResponse(c, deps, reg, first, microBatch, () => `rank ${rank}/${world} × ${microBatch} step ${step}`);
+    const res = await batchResponse(c, deps, reg, stepSamples(step, rank, world, microBatch), microBatch, () => `rank ${rank}/${world} × ${microBatch} step ${step}`);
     // A HEAD reads nothing: it is not a step of this consumer.
     if (c.req.method !== "HEAD") deps.readAhead.observe(reg, { dataset: reg.name, rank, world, microBatch }, step);
     return res;
