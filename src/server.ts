@@ -119,7 +119,9 @@ export interface ServerEnv {
  * @param config the validated configuration
  * @param env clock, logger and origin factory
  * @returns the server, not yet listening
- * @throws {Error} when the cache directory cannot be created or read
+ * @throws {OriginStartupError} when a files origin's directory is missing or unusable
+ * @throws {CacheDirStartupError} when the cache directory cannot be made, read or locked
+ * @throws {DatasetStartupError} when a dataset configured at start-up cannot be registered
  * @example
  * ```ts
  * const server = await createServer(loadConfig(sources), { now: () => performance.now(), log: console.error });

@@ -24,7 +24,7 @@
 import { readFileSync, rmSync, statSync } from "node:fs";
 import { Agent } from "node:http";
 import { join } from "node:path";
-import { planSamples } from "../../src/batch/sample-plans.ts";
+import { planSamples } from "../../src/batch/block-plans.ts";
 import type { RegisteredDataset } from "../../src/batch/dataset-catalog.ts";
 import { parseSize } from "../../src/config/size.ts";
 import { buildTokenDataset, parseDatasetConfig, parseIndex } from "../../src/dataset/mod.ts";

@@ -9,7 +9,7 @@
 
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
-import { planSamples } from "../../src/batch/sample-plans.ts";
+import { planSamples } from "../../src/batch/block-plans.ts";
 import type { RegisteredDataset } from "../../src/batch/dataset-catalog.ts";
 import { buildTokenDataset, parseDatasetConfig, parseIndex, PIECE_STRIDE } from "../../src/dataset/mod.ts";
 

@@ -10,7 +10,7 @@ import { CacheServerError } from "../errors.ts";
 import type { RegisteredDataset } from "./dataset-catalog.ts";
 import { blockAddress, PIECE_NUMBERS, type PieceCopier, SLICE_BYTES } from "./piece-copier.ts";
 import type { PlansAhead } from "./plan-exchange.ts";
-import { blockIndex, blockKeys, blockSource, planSamples, planUsed, type SamplePlan, SEGMENT_STRIDE } from "./sample-plans.ts";
+import { blockIndex, blockKeys, blockSource, planSamples, planUsed, type SamplePlan, SEGMENT_STRIDE } from "./block-plans.ts";
 
 /** Bytes per token of each dtype. */
 export const ITEM_SIZE: Readonly<Record<TokenDtype, number>> = Object.fromEntries(

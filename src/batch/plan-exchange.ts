@@ -10,7 +10,7 @@
  * planning thread is woken (a futex) only when it sleeps, once per group of requests.
  */
 
-import { planKeyHash, type SamplePlan, SEGMENT_STRIDE } from "./sample-plans.ts";
+import { planKeyHash, type SamplePlan, SEGMENT_STRIDE } from "./block-plans.ts";
 import type { RegisteredDataset } from "./dataset-catalog.ts";
 
 /** What read-ahead asks of a planning thread (see `ReadAhead`'s `planAhead` option). */

@@ -6,7 +6,7 @@
  */
 
 import type { BlockCache } from "../cache/block-cache.ts";
-import { blockIndex, blockKeys, blockSource, planSamples } from "./sample-plans.ts";
+import { blockIndex, blockKeys, blockSource, planSamples } from "./block-plans.ts";
 import type { RegisteredDataset } from "./dataset-catalog.ts";
 import type { PlansAhead } from "./plan-exchange.ts";
 import { fullSteps, stepSamples } from "./steps.ts";

@@ -2,7 +2,7 @@
  * @module Deno transport for the SDK's shm path: the Unix socket through `node:net` (as on Node)
  * and the ring mapped read-only through libc (FFI), so a batch is a typed array over the slot
  * itself: zero copies. Needs `--allow-ffi` (`-A`); without it, or off Linux, the ring is read
- * with positional reads like on Node.
+ * with positional reads, as on Node where koffi cannot map it.
  */
 
 import { canMapDeno, mapFileDeno } from "../runtime/libc-deno.ts";

@@ -5,7 +5,7 @@
  */
 
 import { setMaxListeners } from "node:events";
-import { blockIndex, blockSource, planSamples } from "../batch/sample-plans.ts";
+import { blockIndex, blockSource, planSamples } from "../batch/block-plans.ts";
 import type { DatasetCatalog } from "../batch/dataset-catalog.ts";
 import { fullSteps, stepSamples } from "../batch/steps.ts";
 import type { BlockCache } from "../cache/block-cache.ts";

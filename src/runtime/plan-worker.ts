@@ -6,7 +6,7 @@
 
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
-import { computePlan } from "../batch/sample-plans.ts";
+import { computePlan } from "../batch/block-plans.ts";
 import { PlanExchange } from "../batch/plan-exchange.ts";
 import { type TokenDataset, tokenDatasetFromParts, type TokenDatasetParts } from "../dataset/mod.ts";
 import { parentThread } from "./threads.ts";

@@ -3,7 +3,7 @@
  * event loop copies each plan out of shared memory instead of making it (see `plan-exchange.ts`).
  */
 
-import { datasetVersionId, type SamplePlan } from "../batch/sample-plans.ts";
+import { datasetVersionId, type SamplePlan } from "../batch/block-plans.ts";
 import type { RegisteredDataset } from "../batch/dataset-catalog.ts";
 import { PLAN_EXCHANGE_BYTES, PlanExchange, type PlanningThreadHandle } from "../batch/plan-exchange.ts";
 import { shareArrays, tokenDatasetParts, unsharedBytes } from "../dataset/mod.ts";

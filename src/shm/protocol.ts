@@ -1,7 +1,7 @@
 /**
  * @module The shared-memory protocol, shared by the server and the SDK (web standards only):
  * length-prefixed msgpack frames on a Unix socket, and the layout of a ring file. The README's
- * "Shared-memory protocol" section is the same thing in prose, for clients in other languages.
+ * "Protocol (for clients in any language)" section is the same thing in prose.
  */
 
 // The pack/unpack entry points, not the package's main one: on Node and Deno that one loads

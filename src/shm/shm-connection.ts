@@ -192,6 +192,7 @@ export class ShmConnection {
     return (this.#opening ?? Promise.resolve()).catch(() => {});
   }
 
+  /** Whether this connection's consumer has a ring now (for `ShmServer.stats`). */
   get hasRing(): boolean {
     return this.#ring !== undefined;
   }
@@ -541,8 +542,10 @@ export class ShmConnection {
         batch.catch(() => (failed = true));
         inFlight.push({ step, slot, generation, first, t0, unit, batch, index: -1 });
         step++;
-        // Steps filled alone are units of one: `depth` of them stay in flight, this one included.
-        if (!(await this.#publishBefore(inFlight, unit + 2 - depth, reg, consumer))) return;
+        // Steps filled alone are units of one: the newest `depth - 1` stay in flight while the
+        // next is planned (none with depth 1: this one is published now).
+        const keptInFlight = depth - 1;
+        if (!(await this.#publishBefore(inFlight, unit + 1 - keptInFlight, reg, consumer))) return;
       }
       if (!(await this.#publishBefore(inFlight, Infinity, reg, consumer))) return;
       this.#endedAt = end;

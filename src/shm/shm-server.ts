@@ -22,7 +22,7 @@ import { RingPool } from "./ring-pool.ts";
 import { ShmConnection } from "./shm-connection.ts";
 import type { FileLock, LockFile } from "../cache/cache-dir-lock.ts";
 
-/** Connections on the control socket at once; more are refused by the kernel's accept queue. */
+/** Connections on the control socket at once; more are accepted and closed at once. */
 const MAX_CONNECTIONS = 1024;
 
 /** The Unix credentials of a local peer (SO_PEERCRED). */

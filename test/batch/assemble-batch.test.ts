@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { assembleSamples, takeResident } from "../../src/batch/assemble-batch.ts";
-import { blockSource, keptPlans, planSamples } from "../../src/batch/sample-plans.ts";
+import { blockSource, keptPlans, planSamples } from "../../src/batch/block-plans.ts";
 import { makeWorkspace, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { encodeIndex, readSample } from "../../src/dataset/mod.ts";
 import { patternBytes } from "../helpers/rackfeed.ts";

@@ -9,7 +9,7 @@ import type { RegisteredDataset } from "../../src/batch/dataset-catalog.ts";
 import type { ServerEnv } from "../../src/server.ts";
 import { encodeFrame, FrameDecoder, SHM_PROTOCOL_VERSION } from "../../src/shm/protocol.ts";
 import { assembleSamples, copyResidentRuns, stepsPerCopy, takeResident } from "../../src/batch/assemble-batch.ts";
-import { blockIndex, planSamples } from "../../src/batch/sample-plans.ts";
+import { blockIndex, planSamples } from "../../src/batch/block-plans.ts";
 import { type PieceCopier, SLICE_BYTES } from "../../src/batch/piece-copier.ts";
 import { readSample } from "../../src/dataset/mod.ts";
 import { type LimitedCall, loadKoffi, RESIDENT_ASYNC_CALLS } from "../../src/runtime/koffi-node.ts";

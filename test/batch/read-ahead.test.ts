@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
-import { blockKeys, planSamples } from "../../src/batch/sample-plans.ts";
+import { blockKeys, planSamples } from "../../src/batch/block-plans.ts";
 import { type ConsumerKey, IDLE_CONSUMER_MS, ReadAhead } from "../../src/batch/read-ahead.ts";
 import { stepSamples } from "../../src/batch/steps.ts";
 import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";

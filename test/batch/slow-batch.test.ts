@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { blockIndex, planSamples } from "../../src/batch/sample-plans.ts";
+import { blockIndex, planSamples } from "../../src/batch/block-plans.ts";
 import { type BatchCost, classifySlowBatch } from "../../src/batch/batch-stats.ts";
 import { stepSamples } from "../../src/batch/steps.ts";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";

@@ -3,7 +3,7 @@
 // --v8-flags=--expose-gc.
 
 import assert from "node:assert/strict";
-import { computePlan, datasetVersionId } from "../../../src/batch/sample-plans.ts";
+import { computePlan, datasetVersionId } from "../../../src/batch/block-plans.ts";
 import type { RegisteredDataset } from "../../../src/batch/dataset-catalog.ts";
 import { buildFromIndexFiles, encodeIndex, parseDatasetConfig, type TokenDataset } from "../../../src/dataset/mod.ts";
 import { PlanningThread } from "../../../src/runtime/planning-thread.ts";
