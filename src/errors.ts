@@ -19,7 +19,8 @@ export type ErrorCode =
   | "ORIGIN_UNAVAILABLE"
   | "ORIGIN_TIMEOUT"
   | "OVERLOADED"
-  | "SHUTTING_DOWN";
+  | "SHUTTING_DOWN"
+  | "SHM_FULL";
 
 /**
  * Base class of rackfeed's errors. Branded with `Symbol.for("rackfeed.error")` so that

@@ -78,7 +78,8 @@ interface KeptPlan {
 export type PlanUse = "read-ahead" | "batch" | "once";
 
 /**
- * Recent plans in a table indexed by a hash of (dataset, first sample, count): read-ahead plans
+ * Recent plans, process-wide (servers in one process share it; plans are keyed by dataset
+ * version, so they never mix), in a table indexed by a hash of (dataset, first sample, count): read-ahead plans
  * step s+K, and step s's batch finds its plan here (or the other way round), so each step is
  * planned once. The second of the two takes the plan out of the table: kept until a collision,
  * every plan outlived the young generation and was promoted, and the old generation's

@@ -27,6 +27,8 @@ export const STATUS_OF: Readonly<Record<ErrorCode, ContentfulStatusCode>> = {
   ORIGIN_TIMEOUT: 504,
   OVERLOADED: 503,
   SHUTTING_DOWN: 503,
+  // No room for a shm ring (--shm-bytes, or the tmpfs): the client reads over HTTP instead.
+  SHM_FULL: 503,
 };
 
 /**

@@ -19,7 +19,7 @@ import {
 import type { RegisteredDataset } from "../batch/dataset-catalog.ts";
 import type { ConsumerKey } from "../batch/read-ahead.ts";
 import { fullSteps, stepSamples } from "../batch/steps.ts";
-import { isCacheServerError } from "../errors.ts";
+import { type ErrorCode, isCacheServerError } from "../errors.ts";
 import { STATUS_OF } from "../http/error-handler.ts";
 import { constantTimeEqual } from "../http/middleware/bearer-auth.ts";
 import {
@@ -139,7 +139,7 @@ export class ShmConnection {
       try {
         msgs = this.#decoder.push(chunk);
       } catch (e) {
-        this.#fail("BAD_REQUEST", 400, (e as Error).message);
+        this.#fail("BAD_REQUEST", (e as Error).message);
         return;
       }
       for (let m of msgs) {
@@ -176,10 +176,10 @@ export class ShmConnection {
     socket.on("error", () => {}); // a peer that vanished; "close" follows and cleans up
     socket.once("close", () => void this.end(false, true));
     const helloTimer = setTimeout(() => {
-      if (!this.#greeted) this.#fail("BAD_REQUEST", 400, `No "hello" within ${HELLO_TIMEOUT_MS} ms`);
+      if (!this.#greeted) this.#fail("BAD_REQUEST", `No "hello" within ${HELLO_TIMEOUT_MS} ms`);
     }, HELLO_TIMEOUT_MS);
     const openTimer = setTimeout(() => {
-      if (!this.#opened) this.#fail("BAD_REQUEST", 400, `No "open" within ${o.openTimeoutMs ?? OPEN_TIMEOUT_MS} ms of connecting`);
+      if (!this.#opened) this.#fail("BAD_REQUEST", `No "open" within ${o.openTimeoutMs ?? OPEN_TIMEOUT_MS} ms of connecting`);
     }, o.openTimeoutMs ?? OPEN_TIMEOUT_MS);
     socket.once("close", () => {
       clearTimeout(helloTimer);
@@ -292,17 +292,19 @@ export class ShmConnection {
     this.#write(frames.length === 1 ? frames[0] : concatFrames(frames));
   }
 
-  #fail(code: string, status: number, message: string): void {
+  /** Sends an error frame (its status from the one error table) and ends the connection. */
+  #fail(code: ErrorCode | "INTERNAL", message: string): void {
+    const status = code === "INTERNAL" ? 500 : STATUS_OF[code];
     this.#send({ t: "error", code, status, message });
     void this.end(true);
   }
 
   #failWith(e: unknown): void {
-    if (isCacheServerError(e)) this.#fail(e.code, STATUS_OF[e.code], e.message);
-    else if (e instanceof ShmProtocolError) this.#fail("BAD_REQUEST", 400, e.message);
+    if (isCacheServerError(e)) this.#fail(e.code, e.message);
+    else if (e instanceof ShmProtocolError) this.#fail("BAD_REQUEST", e.message);
     else {
       this.#o.log("rackfeed: shared-memory connection failed", e);
-      this.#fail("INTERNAL", 500, "Internal server error");
+      this.#fail("INTERNAL", "Internal server error");
     }
   }
 
@@ -319,7 +321,7 @@ export class ShmConnection {
       const sameUser = peer !== undefined && (peer.uid === this.#o.peers?.uid || peer.uid === 0);
       if (this.#o.readToken !== undefined && !sameUser && !(typeof m.token === "string" && constantTimeEqual(m.token, this.#o.readToken))) {
         const who = peer ? ` (peer pid ${peer.pid} runs as uid ${peer.uid}, not as this server's uid ${this.#o.peers?.uid})` : "";
-        this.#fail("UNAUTHORIZED", 401, `Missing or wrong read token: send it as "token" in "hello"${who}`);
+        this.#fail("UNAUTHORIZED", `Missing or wrong read token: send it as "token" in "hello"${who}`);
         return;
       }
       this.#greeted = true;
@@ -369,7 +371,7 @@ export class ShmConnection {
     const cols = reg.dataset.windowLength;
     const batchBytes = bodyBytes(reg, microBatch);
     if (batchBytes > this.#o.maxBatchBytes) {
-      this.#fail("BAD_REQUEST", 400, `A batch of ${microBatch} × ${cols} tokens = ${batchBytes} bytes exceeds --max-batch-bytes (${this.#o.maxBatchBytes})`);
+      this.#fail("BAD_REQUEST", `A batch of ${microBatch} × ${cols} tokens = ${batchBytes} bytes exceeds --max-batch-bytes (${this.#o.maxBatchBytes})`);
       return;
     }
     // Small batches get a deeper ring when the budget and the directory have room for it; else
@@ -417,7 +419,7 @@ export class ShmConnection {
     }
     if (!this.#ring) {
       // SHM_FULL: the SDK falls back to HTTP for this consumer.
-      this.#fail("SHM_FULL", 503, refusal);
+      this.#fail("SHM_FULL", refusal);
       return;
     }
     const layout = this.#ring.layout;
