@@ -78,10 +78,10 @@ interface KeptPlan {
 export type PlanUse = "read-ahead" | "batch" | "once";
 
 /**
- * Recent plans, process-wide (servers in one process share it; plans are keyed by dataset
- * version, so they never mix), in a table indexed by a hash of (dataset, first sample, count): read-ahead plans
- * step s+K, and step s's batch finds its plan here (or the other way round), so each step is
- * planned once. The second of the two takes the plan out of the table: kept until a collision,
+ * Recent plans in a table indexed by a hash of (dataset, first sample, count), process-wide
+ * (servers in one process share it; plans are keyed by dataset version, so they never mix):
+ * read-ahead plans step s+K, and step s's batch finds its plan here (or the other way round), so
+ * each step is planned once. The second of the two takes the plan out of the table: kept until a collision,
  * every plan outlived the young generation and was promoted, and the old generation's
  * collections took a tenth of the event loop's time per token batch. No string key and no map
  * per lookup (a plan costs only a µs, so the lookup must cost far less); a colliding plan
