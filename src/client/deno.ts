@@ -6,7 +6,7 @@
  */
 
 import { canMapDeno, mapFileDeno } from "../runtime/libc-deno.ts";
-import { checkRingSize, connectUnix, localTransport as readingTransport, mappedRing, nextTurn, STORES_IN_ORDER } from "./node.ts";
+import { checkRingSize, connectUnix, mappedRing, nextTurn, readingTransport, STORES_IN_ORDER } from "./local-transport.ts";
 import { RackfeedClient, type RackfeedClientOptions } from "./client.ts";
 import type { LocalTransport } from "./shm-consumer.ts";
 
@@ -43,7 +43,7 @@ export function createClient(opts: RackfeedClientOptions & { readonly ca?: strin
  * ```
  */
 export function localTransport(): LocalTransport {
-  if (!canMapDeno()) return readingTransport({ map: false });
+  if (!canMapDeno()) return readingTransport();
   return {
     connect: connectUnix,
     pollSlots: STORES_IN_ORDER,
