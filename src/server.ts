@@ -61,6 +61,22 @@ export interface RackfeedServer {
  */
 const BATCH_WAIT_MS = 30_000;
 
+// Fixed bounds (not tunables: each keeps a structure bounded, and none is a trade-off an
+// operator would make). The README quotes them.
+/** The longest one look-ahead snapshot serves /metrics and /v1/status. */
+const LOOKAHEAD_SNAPSHOT_MAX_MS = 1000;
+/** Most datasets registered at once (400 beyond). */
+const MAX_DATASETS = 256;
+/** Most consumers read-ahead tracks (the least recently seen is forgotten beyond). */
+const MAX_CONSUMERS = 4096;
+/** Most prefetch jobs unfinished at once (503 beyond), and most objects one job may warm. */
+const MAX_PREFETCH_JOBS = 256;
+const MAX_PREFETCH_OBJECTS = 1_000_000;
+/** Slow batches kept for /v1/status. */
+const SLOW_BATCHES_KEPT = 100;
+/** HTTP batches waiting for room in --batch-inflight-bytes at once (503 beyond). */
+const MAX_BATCHES_WAITING = 1024;
+
 /** CPUs from which `--planning-thread auto` starts the thread: on fewer it takes a core the batches need. */
 const PLANNING_THREAD_MIN_CPUS = 4;
 
@@ -213,7 +229,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     maxSteps: config.readAheadMaxSteps,
     // Look-ahead beyond half the memory tier would evict the blocks it just fetched.
     maxBytesPerConsumer: Math.max(config.blockBytes, Math.floor(config.memoryBytes / 2)),
-    maxConsumers: 4096,
+    maxConsumers: MAX_CONSUMERS,
     planAhead: planning,
   });
   nextUse = (k) => readAhead.nextUse(k);
@@ -230,15 +246,15 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     },
     // Half the origin's slots at most: the limiter keeps a quarter for trainers anyway.
     parallelBlocks: Math.max(1, Math.ceil(config.originConcurrency / 2)),
-    maxJobs: 256,
-    maxObjects: 1_000_000,
+    maxJobs: MAX_PREFETCH_JOBS,
+    maxObjects: MAX_PREFETCH_OBJECTS,
     clock: () => Date.now(),
     log: env.log,
     background: config.prefetchPriority === "background",
   });
   const batchStats = new BatchStats({
     slowSeconds: config.slowBatch / 1000,
-    keep: 100,
+    keep: SLOW_BATCHES_KEPT,
     clock: () => Date.now(),
     log: (line) => env.log(line),
   });
@@ -246,7 +262,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
   // HTTP batch bodies, reused and bounded in flight, where the runtime tells when a response is over.
   const copier = config.nativeGather === "off" ? undefined : withThreads(env.copier, config.nativeGatherThreads);
   const bodies = env.whenDone
-    ? new BatchBodyPool({ poolBytes: config.batchPoolBytes, inflightBytes: config.batchInflightBytes, maxWaiting: 1024, waitMs: BATCH_WAIT_MS })
+    ? new BatchBodyPool({ poolBytes: config.batchPoolBytes, inflightBytes: config.batchInflightBytes, maxWaiting: MAX_BATCHES_WAITING, waitMs: BATCH_WAIT_MS })
     : undefined;
   const instance = crypto.randomUUID().slice(0, 8);
   // Planning every consumer's look-ahead costs up to --read-ahead-max-steps plans each, all on the
@@ -385,9 +401,6 @@ export class ShmStartupError extends Error {
   }
 }
 
-/** The longest one look-ahead snapshot serves /metrics and /v1/status. */
-const LOOKAHEAD_SNAPSHOT_MAX_MS = 1000;
-
 /** The NVMe tier's directory cannot be used (not a directory, not writable, or another server's); the CLI exits 2. */
 export class CacheDirStartupError extends Error {
   constructor(message: string, options?: { cause?: unknown }) {
@@ -403,9 +416,6 @@ export class OriginStartupError extends Error {
     this.name = "OriginStartupError";
   }
 }
-
-/** Most datasets registered at once. */
-const MAX_DATASETS = 256;
 
 /** A dataset named in the configuration could not be registered; the CLI exits 2 with its message. */
 export class DatasetStartupError extends Error {
