@@ -5,6 +5,7 @@
  */
 
 import { MAX_RING_SLOTS } from "../shm/protocol.ts";
+import { SPARE_RING_MS } from "../shm/ring-pool.ts";
 import { parseDuration, parseSize } from "./size.ts";
 
 /** How a raw flag, environment or config-file value becomes a typed one. */
@@ -424,7 +425,7 @@ export const TUNABLES = {
     env: "RACKFEED_SHM_SPARE_RINGS",
     default: "4",
     parse: intIn(0, 64),
-    doc: "Rings of ended consumers kept (each for 10 s, within --shm-bytes) for the next consumer of the same ring size, which then starts without allocating and mapping a new one; 0 removes every ring with its consumer",
+    doc: `Rings of ended consumers kept (each for ${SPARE_RING_MS / 1000} s, within --shm-bytes) for the next consumer of the same ring size, which then starts without allocating and mapping a new one; 0 removes every ring with its consumer`,
   } as Tunable<number>,
   shmBytes: {
     key: "shmBytes",
