@@ -221,6 +221,8 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     log: env.log,
     buildOffThread: env.buildOffThread,
     shareIndexes: planning !== undefined,
+    // Read-ahead is made just below, before any dataset can be registered, let alone replaced.
+    onReplaced: (old, next) => readAhead.versionReplaced(old, next),
   });
   const readAhead = new ReadAhead({
     cache,

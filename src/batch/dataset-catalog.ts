@@ -63,6 +63,12 @@ export interface DatasetCatalogOptions {
   readonly buildOffThread?: (input: IndexBuildInput, signal?: AbortSignal) => Promise<TokenDataset>;
   /** Whether datasets built off the event loop keep their index arrays in shared memory (a planning thread reads them). */
   readonly shareIndexes?: boolean;
+  /**
+   * Told when a registered dataset is replaced by a new version (a registration, or its files
+   * changed): whatever holds the old version for later use lets go of it, or its indexes (up to
+   * gigabytes) stay alive for as long as that holder does.
+   */
+  readonly onReplaced?: (old: RegisteredDataset, next: RegisteredDataset) => void;
 }
 
 /**
@@ -194,7 +200,9 @@ export class DatasetCatalog {
       throw new CacheServerError("BAD_REQUEST", `Cannot register dataset "${name}": ${this.#opts.maxDatasets} datasets are registered already (the limit)`);
     }
     this.#appliedTicket.set(name, ticket);
+    const old = this.#datasets.get(name);
     this.#datasets.set(name, built);
+    if (old !== undefined) this.#opts.onReplaced?.(old, built);
     this.#checkedAt.set(name, this.#opts.now());
     this.#rebuildErrors.delete(name);
     return built;
@@ -265,7 +273,10 @@ export class DatasetCatalog {
     }
     if (!changed) return;
     const next = await this.#build(name, ds.config);
-    if (this.#datasets.get(name) === ds) this.#datasets.set(name, next);
+    if (this.#datasets.get(name) === ds) {
+      this.#datasets.set(name, next);
+      this.#opts.onReplaced?.(ds, next);
+    }
   }
 
   async #build(name: string, config: DatasetConfig, signal?: AbortSignal): Promise<RegisteredDataset> {

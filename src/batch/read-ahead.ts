@@ -276,6 +276,24 @@ export class ReadAhead {
     this.#warm(c);
   }
 
+  /**
+   * A dataset was replaced by a new version: its consumers move to the new one at once, their
+   * windows released (the old version's blocks are not the new one's). A consumer that was not
+   * seen again would otherwise hold the old version, indexes and all, until it is forgotten as
+   * idle (10 minutes): a version per re-registration while trainers come and go.
+   */
+  versionReplaced(old: RegisteredDataset, next: RegisteredDataset): void {
+    for (const c of this.#consumers.values()) {
+      if (c.reg !== old) continue;
+      this.#release(c, Infinity);
+      c.warmedThrough = c.step;
+      c.requestedThrough = c.step;
+      c.owed.length = 0;
+      c.replaced.add(old);
+      c.reg = next;
+    }
+  }
+
   /** Forgets consumers idle for `IDLE_CONSUMER_MS`: the map is in recency order, so from its start. */
   #forgetIdle(now: number): void {
     for (const [id, c] of this.#consumers) {

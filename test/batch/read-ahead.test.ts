@@ -4,6 +4,12 @@ import { type ConsumerKey, IDLE_CONSUMER_MS, ReadAhead } from "../../src/batch/r
 import { stepSamples } from "../../src/batch/steps.ts";
 import { makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { syntheticDataset } from "../helpers/token-data.ts";
+import { setFlagsFromString } from "node:v8";
+import { runInNewContext } from "node:vm";
+
+// A full collection on demand, for the test that a replaced dataset version is let go of.
+setFlagsFromString("--expose-gc");
+const gc = runInNewContext("gc") as () => void;
 
 const ADMIN = "admin-token-for-tests";
 let ws: Workspace;
@@ -69,12 +75,53 @@ async function batchOf(rf: RunningServer, step: number): Promise<void> {
   await res.arrayBuffer();
 }
 
+/** The read-ahead's view of the consumer rank 0/1 × 2 now. */
+function consumerOf2(rf: RunningServer) {
+  return rf.server.readAhead.lookahead().find((c) => c.rank === 0 && c.world === 1 && c.microBatch === 2)!;
+}
+
 /** The read-ahead's view of that consumer now. */
 function consumerOf(rf: RunningServer) {
   return rf.server.readAhead.lookahead().find((c) => c.rank === 1 && c.world === 2)!;
 }
 
 describe("schedule-aware read-ahead", () => {
+  it("lets go of a replaced dataset version: consumers not seen since move to the new one, and the old version can be collected", async () => {
+    await withServer([], async (rf) => {
+      const old = new WeakRef(await rf.server.datasets.get("big"));
+      // Consumers that read a step or two and are gone (a job that ended, an evaluation pass).
+      for (const microBatch of [2, 3, 5]) {
+        const res = await fetch(`${rf.url}/v1/datasets/big/batches/1?rank=0&world=1&micro_batch=${microBatch}`);
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+      }
+      expect(rf.server.readAhead.lookahead().filter((c) => c.dataset === "big")).toHaveLength(3);
+      const res = await fetch(`${rf.url}/v1/datasets/big`, {
+        method: "PUT",
+        headers: { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" },
+        body: JSON.stringify({ sources: [{ prefix: "data/tok/big" }], seq_length: 512, seed: 10, split: "100,0,0", split_index: 0, num_samples: 4000 }),
+      });
+      expect(res.status).toBe(200); // replaced
+      await res.arrayBuffer();
+      const next = await rf.server.datasets.get("big");
+      // Still tracked (their step rates are kept), now on the new version, nothing scheduled for the old.
+      const consumers = rf.server.readAhead.lookahead().filter((c) => c.dataset === "big");
+      expect(consumers).toHaveLength(3);
+      for (const c of consumers) expect(c.stepsScheduled).toBe(0);
+      for (let i = 0; i < 5 && old.deref() !== undefined; i++) {
+        await new Promise((r) => setTimeout(r, 20));
+        gc();
+      }
+      expect(old.deref(), "the old version is still reachable").toBeUndefined();
+      expect(await rf.server.datasets.get("big")).toBe(next);
+      // The consumers go on with the new version.
+      const again = await fetch(`${rf.url}/v1/datasets/big/batches/2?rank=0&world=1&micro_batch=2`);
+      expect(again.status).toBe(200);
+      await again.arrayBuffer();
+      expect(consumerOf2(rf).step).toBe(2);
+    });
+  });
+
   it("makes a steady consumer see only memory hits after warm-up", async () => {
     await withServer([], async (rf) => {
       const seen = await trainer(rf, 30, 15);
