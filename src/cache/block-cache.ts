@@ -360,16 +360,20 @@ export class BlockCache {
     return k;
   }
 
-  #lookup(gw: OriginGateway, key: string, info: ObjectInfo, index: number, prefetch: boolean): Uint8Array | BlockFill {
+  /**
+   * The block in memory, or its fill (joined, or started). `warmOnly`: a look ahead of a reader
+   * (read-ahead, a stream's next blocks), which counts no hit and does not touch recency.
+   */
+  #lookup(gw: OriginGateway, key: string, info: ObjectInfo, index: number, warmOnly: boolean): Uint8Array | BlockFill {
     const k = this.keyOf(gw, key, info, index);
-    const mem = prefetch ? (this.#memory.has(k) ? EMPTY : undefined) : this.#memory.get(k);
+    const mem = warmOnly ? (this.#memory.has(k) ? EMPTY : undefined) : this.#memory.get(k);
     if (mem) {
-      if (!prefetch) this.#memoryHits++;
+      if (!warmOnly) this.#memoryHits++;
       return mem;
     }
     const flight = this.#flights.get(k);
     if (flight) {
-      if (!prefetch) this.#coalesced++;
+      if (!warmOnly) this.#coalesced++;
       // A reader (or read-ahead) now needs a block a prefetch job is filling at background priority.
       this.#promote.get(flight)?.abort();
       return flight;

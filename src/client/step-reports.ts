@@ -102,7 +102,7 @@ export class StepReports {
   shmSocket(id: string, send: ShmTimingsSender, live: boolean): void {
     if (live) this.#shmTimings.set(id, send);
     else if (this.#shmTimings.get(id) === send) {
-      this.sendInBackground(id, id);
+      this.sendInBackground(id, true);
       this.#shmTimings.delete(id);
     }
   }
@@ -150,36 +150,34 @@ export class StepReports {
     await this.#send(undefined, true);
   }
 
-  /** Sends queued timings in the background (see `#send` for `only` and `hold`). */
-  sendInBackground(only: string | undefined, hold: string | boolean): void {
-    this.#background(this.#send(only, hold));
+  /** Sends queued timings in the background (see `#send`). */
+  sendInBackground(only: string | undefined, holdIncomplete: boolean): void {
+    this.#background(this.#send(only, holdIncomplete));
   }
 
   /**
    * Sends queued timings: every consumer's, or `only` this one's. Each consumer's steps leave the
    * queue before the first report is sent, so one slow report holds back no other consumer's
-   * steps and no step goes twice. `hold`: the consumer (or, with `true`, every consumer) whose
-   * newest two steps, when they still miss a timing its caller reports (t_h2d, t_compute), are
-   * kept back for it: a step's timings must travel in one report, as the server judges a step
-   * healthy only from all three.
+   * steps and no step goes twice. `holdIncomplete`: each consumer sent keeps back its newest two
+   * steps while they still miss a timing its caller reports (t_h2d, t_compute): a step's timings
+   * must travel in one report, as the server judges a step healthy only from all three.
    *
    * @throws the error of a report that failed (after the others were sent)
    */
-  async #send(only: string | undefined, hold: string | boolean): Promise<void> {
+  async #send(only: string | undefined, holdIncomplete: boolean): Promise<void> {
     const reports: Promise<void>[] = [];
     for (const [id, p] of this.#pending) {
       if (p.steps.size === 0 || (only !== undefined && id !== only)) continue;
-      const holding = hold === true || id === hold;
       // Only steps served in this client's loops are held (they have a t_wait): a timing that
       // came for a step already sent can never be completed, and must not count as the newest.
       let newest = -Infinity;
-      if (holding) for (const [k, s] of p.steps) if (!Number.isNaN(s.t_wait)) newest = Math.max(newest, k);
+      if (holdIncomplete) for (const [k, s] of p.steps) if (!Number.isNaN(s.t_wait)) newest = Math.max(newest, k);
       const out: StepTimings[] = [];
       for (const [k, s] of p.steps) {
         // A step still missing a timing the caller reports (t_compute often comes a step late,
         // at the next synchronisation) waits while it is one of the newest two.
         const incomplete = !Number.isNaN(s.t_wait) && ((p.reportsH2d && s.t_h2d === undefined) || (p.reportsCompute && s.t_compute === undefined));
-        if (holding && k >= newest - 1 && incomplete) continue;
+        if (holdIncomplete && k >= newest - 1 && incomplete) continue;
         out.push(s);
         p.steps.delete(k);
       }
@@ -225,10 +223,10 @@ export class StepReports {
     const p = this.#pending.get(id)!;
     const n = p.steps.size;
     if (n >= MAX_QUEUED_STEPS) {
-      if (p.sending < MAX_REPORTS_IN_FLIGHT) this.sendInBackground(id, id);
+      if (p.sending < MAX_REPORTS_IN_FLIGHT) this.sendInBackground(id, true);
       else this.#dropOldest(p, n - MAX_QUEUED_STEPS);
     } else if (p.sending === 0 && n >= this.#opts.reportEvery && (now ?? this.#opts.now()) - p.sentAt >= this.#opts.reportIntervalMs) {
-      this.sendInBackground(id, id);
+      this.sendInBackground(id, true);
     }
     return p.sending > 0 && p.steps.size >= MAX_QUEUED_STEPS / 2;
   }

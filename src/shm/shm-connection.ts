@@ -31,6 +31,7 @@ import {
   MAX_RING_SLOTS,
   MIN_RING_BYTES,
   ringLayout,
+  type RingLayout,
   type ServerMessage,
   SHM_PROTOCOL_VERSION,
   ShmProtocolError,
@@ -55,11 +56,11 @@ const MAX_UNREAD_BYTES = 2 ** 20;
  */
 const END_GRACE_MS = 1000;
 /**
- * Messages received and not yet handled (they are handled in order, and `open` awaits the catalog
- * and its ring's pages) past which the socket is paused: a peer that floods frames meanwhile
+ * Messages received whose handling has not started (they are handled in order, and `open` awaits
+ * the catalog and its ring's pages) past which the socket is paused: a peer that floods frames meanwhile
  * then waits in the kernel's socket buffer, not in this process's heap.
  */
-const MAX_UNHANDLED_MESSAGES = 256;
+const MAX_UNSTARTED_MESSAGES = 256;
 /** `wait`s a consumer may have outstanding (unpublished steps), per slot of its ring; more is error 400. */
 const MAX_WAITS_PER_SLOT = 2;
 /** Batch notices of a `notify: "all"` consumer wait at most this long to be sent together. */
@@ -117,10 +118,10 @@ export class ShmConnection {
   #endedAt: number | undefined;
   /** The opened consumer's dataset: the label of its `timings`. */
   #dataset: string | undefined;
-  /** Messages in `#queue` not yet handled. */
-  #unhandled = 0;
-  /** Messages in `#queue` not yet handled or still being handled (an `open` awaits the catalog). */
-  #queued = 0;
+  /** Messages in `#queue` whose handling has not started (the socket pauses past `MAX_UNSTARTED_MESSAGES`). */
+  #notStarted = 0;
+  /** Messages in `#queue` not yet handled to their end (an `open` awaits the catalog): later step messages wait behind them. */
+  #notFinished = 0;
 
   /**
    * @param socket the accepted connection
@@ -144,7 +145,7 @@ export class ShmConnection {
       }
       for (let m of msgs) {
         // Before a hello (none waiting to be handled) it is refused as any message would be.
-        if (m.t === "timings" && (this.#greeted || this.#queued > 0)) {
+        if (m.t === "timings" && (this.#greeted || this.#notFinished > 0)) {
           // Copied out now: its arrays are views of the decoder's buffer, which the next chunk reuses.
           try {
             m = decodeTimings(m) as unknown as Record<string, unknown>;
@@ -156,7 +157,7 @@ export class ShmConnection {
         // Releases, waits and timings are handled at once when nothing waits before them: a
         // promise chain per message cost the event loop more than the release itself. Anything
         // behind an `open` still being handled waits its turn, in order.
-        if (this.#queued === 0 && this.#greeted && (m.t === "release" || m.t === "wait" || m.t === "timings")) {
+        if (this.#notFinished === 0 && this.#greeted && (m.t === "release" || m.t === "wait" || m.t === "timings")) {
           try {
             this.#handleStepMessage(m);
           } catch (e) {
@@ -164,17 +165,17 @@ export class ShmConnection {
           }
           continue;
         }
-        this.#unhandled++;
-        this.#queued++;
+        this.#notStarted++;
+        this.#notFinished++;
         this.#queue = this.#queue.then(() => {
-          if (--this.#unhandled === 0 && this.#socket.isPaused()) this.#socket.resume();
+          if (--this.#notStarted === 0 && this.#socket.isPaused()) this.#socket.resume();
           return this.#handle(m);
-        }).catch((e) => this.#failWith(e)).finally(() => this.#queued--);
+        }).catch((e) => this.#failWith(e)).finally(() => this.#notFinished--);
       }
-      if (this.#unhandled > MAX_UNHANDLED_MESSAGES) socket.pause();
+      if (this.#notStarted > MAX_UNSTARTED_MESSAGES) socket.pause();
     });
     socket.on("error", () => {}); // a peer that vanished; "close" follows and cleans up
-    socket.once("close", () => void this.end(false, true));
+    socket.once("close", () => void this.end({ peerClosed: true }));
     const helloTimer = setTimeout(() => {
       if (!this.#greeted) this.#fail("BAD_REQUEST", `No "hello" within ${HELLO_TIMEOUT_MS} ms`);
     }, HELLO_TIMEOUT_MS);
@@ -201,11 +202,13 @@ export class ShmConnection {
    * Stops filling and takes the ring's name away at once (`RingPool.retire`); once the fill loop has
    * stopped, the ring is kept for the next consumer or unmapped and removed (`RingPool.keep`).
    *
-   * @param graceful let frames already written (an error) reach the client before the socket closes
-   * @param peerClosed the client closed the connection itself (the socket's "close"): only then may its ring be kept
+   * @param how `graceful`: let frames already written (an error) reach the client before the
+   *   socket closes; `peerClosed`: the client closed the connection itself (the socket's "close"):
+   *   only then may its ring be kept
    */
   // deno-lint-ignore require-await -- async so that callers always get a promise (`void this.end()`)
-  async end(graceful = false, peerClosed = false): Promise<void> {
+  async end(how: { graceful?: boolean; peerClosed?: boolean } = {}): Promise<void> {
+    const { graceful = false, peerClosed = false } = how;
     // Its ring may serve another consumer only if the peer itself closed the connection having
     // released every slot (the SDK also gives its mapping back first). A peer the server cut off
     // (an error frame, a fill that failed) does not know yet and may still read its slots, and
@@ -296,7 +299,7 @@ export class ShmConnection {
   #fail(code: ErrorCode | "INTERNAL", message: string): void {
     const status = code === "INTERNAL" ? 500 : STATUS_OF[code];
     this.#send({ t: "error", code, status, message });
-    void this.end(true);
+    void this.end({ graceful: true });
   }
 
   #failWith(e: unknown): void {
@@ -378,50 +381,14 @@ export class ShmConnection {
     // the size asked.
     const deep = ringLayout(Math.max(asked, Math.min(MAX_RING_SLOTS, Math.floor(MIN_RING_BYTES / batchBytes))), batchBytes);
     const sizes = deep.slots > asked ? [deep, ringLayout(asked, batchBytes)] : [deep];
-    let refusal = "";
-    for (let i = 0; i < sizes.length; i++) {
-      const layout = sizes[i];
-      const spare = this.#pool.take(layout);
-      if (spare) {
-        this.#ring = spare;
-        break;
-      }
-      const path = this.#pool.reserve(layout.fileBytes);
-      if (path === undefined) {
-        refusal = `Shared-memory budget (--shm-bytes ${this.#o.budgetBytes}) is full; a ring of ${layout.fileBytes} bytes does not fit`;
-        continue;
-      }
-      let ring: RingFile;
-      const creating = (this.#creating = new AbortController());
-      try {
-        ring = await RingFile.create(path, layout, this.#o.mapFile, creating.signal);
-      } catch (e) {
-        this.#pool.release(layout.fileBytes);
-        if (creating.signal.aborted) return; // `end()` stopped it, and the file is gone
-        if (!(e instanceof RingSpaceError)) throw e;
-        // The spare rings' pages make room: the same size again without them.
-        if (this.#pool.dropSpares()) {
-          i--;
-          continue;
-        }
-        refusal = `${e.message}: ${this.#o.dir} is full; grow it or lower --shm-bytes`;
-        continue;
-      }
-      if (this.#closed) {
-        // The peer left (or the server is stopping) while the pages were written: `end()` has
-        // run and did not see this ring.
-        ring.close();
-        this.#pool.release(layout.fileBytes);
-        return;
-      }
-      this.#ring = ring;
-      break;
-    }
-    if (!this.#ring) {
+    const made = await this.#makeRing(sizes);
+    if (made === undefined) return; // the connection ended meanwhile, and the ring is gone
+    if (typeof made === "string") {
       // SHM_FULL: the SDK falls back to HTTP for this consumer.
-      this.#fail("SHM_FULL", refusal);
+      this.#fail("SHM_FULL", made);
       return;
     }
+    this.#ring = made;
     const layout = this.#ring.layout;
     const slots = layout.slots;
     this.#round = { startStep, endStep, slots, notify: m.notify === "wait" ? "wait" : "all" };
@@ -439,6 +406,53 @@ export class ShmConnection {
       endStep,
     });
     this.#pump = this.#fill(reg, { dataset: reg.name, rank, world, microBatch }, startStep, endStep).catch((e) => this.#failWith(e));
+  }
+
+  /**
+   * The consumer's ring: a spare one of the first layout that has one kept, else a new one of the
+   * first that fits the budget and the directory (spare rings are dropped for room when that
+   * helps).
+   *
+   * @returns the ring; or why none fits (SHM_FULL); or undefined when the connection ended
+   *   while the ring was made (its file removed, its budget given back)
+   */
+  async #makeRing(sizes: readonly RingLayout[]): Promise<RingFile | string | undefined> {
+    let refusal = "";
+    for (let i = 0; i < sizes.length; i++) {
+      const layout = sizes[i];
+      const spare = this.#pool.take(layout);
+      if (spare) return spare;
+      const path = this.#pool.reserve(layout.fileBytes);
+      if (path === undefined) {
+        refusal = `Shared-memory budget (--shm-bytes ${this.#o.budgetBytes}) is full; a ring of ${layout.fileBytes} bytes does not fit`;
+        continue;
+      }
+      let ring: RingFile;
+      const creating = (this.#creating = new AbortController());
+      try {
+        ring = await RingFile.create(path, layout, this.#o.mapFile, creating.signal);
+      } catch (e) {
+        this.#pool.release(layout.fileBytes);
+        if (creating.signal.aborted) return undefined; // `end()` stopped it, and the file is gone
+        if (!(e instanceof RingSpaceError)) throw e;
+        // The spare rings' pages make room: the same size again without them.
+        if (this.#pool.dropSpares()) {
+          i--;
+          continue;
+        }
+        refusal = `${e.message}: ${this.#o.dir} is full; grow it or lower --shm-bytes`;
+        continue;
+      }
+      if (this.#closed) {
+        // The peer left (or the server is stopping) while the pages were written: `end()` has
+        // run and did not see this ring.
+        ring.close();
+        this.#pool.release(layout.fileBytes);
+        return undefined;
+      }
+      return ring;
+    }
+    return refusal;
   }
 
   #release(m: Record<string, unknown>): void {
