@@ -80,6 +80,24 @@ export interface BatchesOptions {
   readonly signal?: AbortSignal;
 }
 
+/** One `batches()` iteration as its transports share it: where it stands, and since when its caller waits. */
+interface Iteration {
+  readonly dataset: string;
+  readonly c: BatchesOptions;
+  /** The consumer's id in the step reports. */
+  readonly id: string;
+  /** The step to stop before; undefined only for a socket-only client (the shm stream ends it). */
+  readonly end: number | undefined;
+  /** The next step to hand out. */
+  step: number;
+  /** When the caller's wait for the next batch began (t_wait). */
+  waitFrom: number;
+  /** Ends every request of the iteration. */
+  readonly signal: AbortSignal;
+  /** Batches in flight (HTTP) or filled (shm) ahead of the caller. */
+  readonly depth: number;
+}
+
 /** A micro-batch or run of samples: tokens in the dataset's dtype, shape `[n, seq_length + 1]`. */
 export interface TokenBatch {
   readonly tokens: Uint16Array | Int32Array | Uint8Array | Int8Array | Int16Array | Float32Array | Float64Array | BigInt64Array;
@@ -351,7 +369,6 @@ export class RackfeedClient {
   }
 
   async *#batches(dataset: string, c: BatchesOptions): AsyncGenerator<StepBatch, void, undefined> {
-    const depth = c.prefetch ?? 2;
     // Aborted when the caller stops (break, throw, its signal): no request outlives the loop.
     const ac = new AbortController();
     const onAbort = () => ac.abort(c.signal!.reason);
@@ -360,7 +377,7 @@ export class RackfeedClient {
     const signal = ac.signal;
     // t_wait: from the caller's next() to its batch, whatever happened meanwhile (route lookups,
     // reconnects, backoffs, a switch of transport).
-    let waitFrom = this.#now();
+    const waitFrom = this.#now();
     try {
       let end = c.endStep;
       if (end === undefined && this.#url !== undefined) {
@@ -375,89 +392,12 @@ export class RackfeedClient {
       const consumer = { dataset, rank: c.rank, world: c.world, micro_batch: c.microBatch };
       const id = JSON.stringify(consumer);
       this.#reports.begin(id, consumer);
-      let step = c.startStep ?? 0;
-      let failingSince = NaN; // when the shm stream's current run of failures began
-      for (let attempt = 0; end === undefined || step < end;) {
-        const route = await this.#shmRouteNow(signal);
-        if (!route) break;
-        // The shm path: the server fills `depth` slots ahead, plus the one the caller holds.
-        const it = shmBatches(this.#local!, route.socket, route.instance, this.#token, {
-          dataset,
-          rank: c.rank,
-          world: c.world,
-          microBatch: c.microBatch,
-          startStep: step,
-          endStep: end,
-          slots: Math.min(depth + 1, MAX_RING_SLOTS),
-          signal,
-          onTimings: (send, live) => this.#reports.shmSocket(id, send, live),
-        });
-        try {
-          for (;;) {
-            const r = await it.next();
-            // Batches already in the ring come without a read of the (closed) socket: stop here.
-            signal.throwIfAborted();
-            if (r.done) {
-              // The server ends at the dataset's last full step: asked for more, say so as HTTP does (416).
-              if (c.endStep !== undefined && step < c.endStep) {
-                throw new RackfeedError(416, "RANGE_NOT_SATISFIABLE", `Step ${step} is beyond dataset "${dataset}" (world=${c.world}, micro_batch=${c.microBatch}): the server ended the shared-memory stream there`);
-              }
-              this.#reports.sendInBackground(undefined, true); // steps still waiting for their callers' timings stay: close() sends them
-              return;
-            }
-            const waitSeconds = (this.#now() - waitFrom) / 1000;
-            this.#reports.waited(id, r.value.step, waitSeconds);
-            attempt = 0;
-            failingSince = NaN;
-            step = r.value.step + 1;
-            yield { ...slotTokens(r.value), step: r.value.step, waitSeconds, transport: "shm" };
-            waitFrom = this.#now();
-            // A consumer whose batches are all in the ring never waits for I/O, so its reports (I/O)
-            // would never complete: when they back up, let the event loop run once.
-            if (this.#reports.autoFlush(id, waitFrom) && this.#local?.nextTurn) await this.#local.nextTurn();
-          }
-        } catch (e) {
-          if (signal.aborted) throw signal.reason;
-          if (!(e instanceof ShmError)) throw e;
-          if (e.code === "SHM_FULL" || e.code === "SHM_UNREACHABLE") {
-            // A client given only a socket has no HTTP to turn to: the server's reason is the caller's error.
-            if (this.#url === undefined) throw new RackfeedError(e.status, e.code, e.message);
-            this.#noShm(); // no room for a ring on this server, or no way to read it: HTTP for a while
-            continue;
-          }
-          if (e.status !== 0 && !TRANSIENT.has(e.status)) throw new RackfeedError(e.status, e.code, e.message);
-          if (Number.isNaN(failingSince)) failingSince = this.#now();
-          if (this.#givesUp(attempt, failingSince)) {
-            throw new RackfeedError(e.status, "UNAVAILABLE", `Shared-memory path failed after ${attempt + 1} attempts: ${e.message}`);
-          }
-          this.#shmRoute = undefined; // a restarted server has a new instance (and maybe socket)
-          this.#retried++;
-          await this.#pause(this.#backoffMs(attempt++), signal);
-        } finally {
-          await it.return();
-        }
-      }
-      if (end === undefined) throw new RangeError("batches() over a socket alone needs the shm path; give a url too");
-      const inFlight = new Map<number, Promise<TokenBatch>>();
-      let next = step;
-      const fill = (upTo: number) => {
-        for (; next < Math.min(end!, upTo); next++) {
-          const p = this.batch(dataset, next, { ...c, signal });
-          p.catch(() => {}); // surfaced when awaited, in order
-          inFlight.set(next, p);
-        }
-      };
-      for (; step < end; step++) {
-        // `depth` requests beyond this step: in flight while the caller works on this one.
-        fill(step + depth + 1);
-        const b = await inFlight.get(step)!;
-        inFlight.delete(step);
-        signal.throwIfAborted(); // a batch that arrived before the abort is not handed out after it
-        const waitSeconds = (this.#now() - waitFrom) / 1000;
-        this.#reports.waited(id, step, waitSeconds);
-        yield { ...b, step, waitSeconds, transport: "http" };
-        waitFrom = this.#now();
-        this.#reports.autoFlush(id, waitFrom);
+      const it: Iteration = { dataset, c, id, end, step: c.startStep ?? 0, waitFrom, signal, depth: c.prefetch ?? 2 };
+      // Over shm while a co-located server's ring can be had, then (or else) over HTTP from the
+      // next step: the stream ended for good, or there is no shm path (any more).
+      if (!(yield* this.#shmSteps(it))) {
+        if (it.end === undefined) throw new RangeError("batches() over a socket alone needs the shm path; give a url too");
+        yield* this.#httpSteps(it, it.end);
       }
       // Never on the data path: a report that fails must not fail (or hold) the iteration; close()
       // waits for it, and sends the last steps still waiting for the caller's timings.
@@ -465,6 +405,105 @@ export class RackfeedClient {
     } finally {
       c.signal?.removeEventListener("abort", onAbort);
       ac.abort(new DOMException("batches() ended", "AbortError"));
+    }
+  }
+
+  /**
+   * An iteration's steps over shared memory, from `it.step`, reconnecting (with backoff) after a
+   * transient failure; `it.step` follows the batches handed out.
+   *
+   * @returns true when the stream ended at the dataset's end (or `endStep`); false when there is
+   *   no shm path (any more): the caller goes on over HTTP from `it.step`
+   */
+  async *#shmSteps(it: Iteration): AsyncGenerator<StepBatch, boolean, undefined> {
+    const { dataset, c, id, end, signal } = it;
+    let failingSince = NaN; // when the shm stream's current run of failures began
+    for (let attempt = 0; end === undefined || it.step < end;) {
+      const route = await this.#shmRouteNow(signal);
+      if (!route) return false;
+      // The shm path: the server fills `depth` slots ahead, plus the one the caller holds.
+      const stream = shmBatches(this.#local!, route.socket, route.instance, this.#token, {
+        dataset,
+        rank: c.rank,
+        world: c.world,
+        microBatch: c.microBatch,
+        startStep: it.step,
+        endStep: end,
+        slots: Math.min(it.depth + 1, MAX_RING_SLOTS),
+        signal,
+        onTimings: (send, live) => this.#reports.shmSocket(id, send, live),
+      });
+      try {
+        for (;;) {
+          const r = await stream.next();
+          // Batches already in the ring come without a read of the (closed) socket: stop here.
+          signal.throwIfAborted();
+          if (r.done) {
+            // The server ends at the dataset's last full step: asked for more, say so as HTTP does (416).
+            if (c.endStep !== undefined && it.step < c.endStep) {
+              throw new RackfeedError(416, "RANGE_NOT_SATISFIABLE", `Step ${it.step} is beyond dataset "${dataset}" (world=${c.world}, micro_batch=${c.microBatch}): the server ended the shared-memory stream there`);
+            }
+            return true;
+          }
+          const waitSeconds = (this.#now() - it.waitFrom) / 1000;
+          this.#reports.waited(id, r.value.step, waitSeconds);
+          attempt = 0;
+          failingSince = NaN;
+          it.step = r.value.step + 1;
+          yield { ...slotTokens(r.value), step: r.value.step, waitSeconds, transport: "shm" };
+          it.waitFrom = this.#now();
+          // A consumer whose batches are all in the ring never waits for I/O, so its reports (I/O)
+          // would never complete: when they back up, let the event loop run once.
+          if (this.#reports.autoFlush(id, it.waitFrom) && this.#local?.nextTurn) await this.#local.nextTurn();
+        }
+      } catch (e) {
+        if (signal.aborted) throw signal.reason;
+        if (!(e instanceof ShmError)) throw e;
+        if (e.code === "SHM_FULL" || e.code === "SHM_UNREACHABLE") {
+          // A client given only a socket has no HTTP to turn to: the server's reason is the caller's error.
+          if (this.#url === undefined) throw new RackfeedError(e.status, e.code, e.message);
+          this.#noShm(); // no room for a ring on this server, or no way to read it: HTTP for a while
+          continue;
+        }
+        if (e.status !== 0 && !TRANSIENT.has(e.status)) throw new RackfeedError(e.status, e.code, e.message);
+        if (Number.isNaN(failingSince)) failingSince = this.#now();
+        if (this.#givesUp(attempt, failingSince)) {
+          throw new RackfeedError(e.status, "UNAVAILABLE", `Shared-memory path failed after ${attempt + 1} attempts: ${e.message}`);
+        }
+        this.#shmRoute = undefined; // a restarted server has a new instance (and maybe socket)
+        this.#retried++;
+        await this.#pause(this.#backoffMs(attempt++), signal);
+      } finally {
+        await stream.return();
+      }
+    }
+    return false;
+  }
+
+  /** An iteration's steps over HTTP, from `it.step` to `end`, with `it.depth` requests in flight beyond the caller's. */
+  async *#httpSteps(it: Iteration, end: number): AsyncGenerator<StepBatch, void, undefined> {
+    const { dataset, c, id, signal, depth } = it;
+    const inFlight = new Map<number, Promise<TokenBatch>>();
+    let next = it.step;
+    const fill = (upTo: number) => {
+      for (; next < Math.min(end, upTo); next++) {
+        const p = this.batch(dataset, next, { ...c, signal });
+        p.catch(() => {}); // surfaced when awaited, in order
+        inFlight.set(next, p);
+      }
+    };
+    for (; it.step < end; it.step++) {
+      const step = it.step;
+      // `depth` requests beyond this step: in flight while the caller works on this one.
+      fill(step + depth + 1);
+      const b = await inFlight.get(step)!;
+      inFlight.delete(step);
+      signal.throwIfAborted(); // a batch that arrived before the abort is not handed out after it
+      const waitSeconds = (this.#now() - it.waitFrom) / 1000;
+      this.#reports.waited(id, step, waitSeconds);
+      yield { ...b, step, waitSeconds, transport: "http" };
+      it.waitFrom = this.#now();
+      this.#reports.autoFlush(id, it.waitFrom);
     }
   }
 
