@@ -129,22 +129,12 @@ export interface ServerEnv {
 }
 
 /**
- * Builds a server from a configuration: origins, tiers (opening the NVMe tier rebuilds its
- * index), cache, metrics and the HTTP app.
+ * The configured origins, each behind its gateway (concurrency, queue, metadata cache, part
+ * sizing); a files origin's root is checked first, so a missing mount fails the start.
  *
- * @param config the validated configuration
- * @param env clock, logger and origin factory
- * @returns the server, not yet listening
  * @throws {OriginStartupError} when a files origin's directory is missing or unusable
- * @throws {CacheDirStartupError} when the cache directory cannot be made, read or locked
- * @throws {DatasetStartupError} when a dataset configured at start-up cannot be registered
- * @example
- * ```ts
- * const server = await createServer(loadConfig(sources), { now: () => performance.now(), log: console.error });
- * Deno.serve(server.fetch);
- * ```
  */
-export async function createServer(config: Config, env: ServerEnv): Promise<RackfeedServer> {
+async function openOrigins(config: Config, env: ServerEnv): Promise<Map<string, OriginGateway>> {
   for (const spec of config.origins) {
     if (spec.kind !== "fs") continue;
     await checkFsRoot(spec.root).catch((e) => {
@@ -168,6 +158,27 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
       }),
     );
   }
+  return origins;
+}
+
+/**
+ * Builds a server from a configuration: origins, tiers (opening the NVMe tier rebuilds its
+ * index), cache, metrics and the HTTP app.
+ *
+ * @param config the validated configuration
+ * @param env clock, logger and origin factory
+ * @returns the server, not yet listening
+ * @throws {OriginStartupError} when a files origin's directory is missing or unusable
+ * @throws {CacheDirStartupError} when the cache directory cannot be made, read or locked
+ * @throws {DatasetStartupError} when a dataset configured at start-up cannot be registered
+ * @example
+ * ```ts
+ * const server = await createServer(loadConfig(sources), { now: () => performance.now(), log: console.error });
+ * Deno.serve(server.fetch);
+ * ```
+ */
+export async function createServer(config: Config, env: ServerEnv): Promise<RackfeedServer> {
+  const origins = await openOrigins(config, env);
   // Origins hold connection pools (Deno: an HttpClient each): a failed start closes them too.
   const closeOrigins = () => Promise.all([...origins.values()].map((o) => o.origin.close())).then(() => {});
   // Belady eviction asks the read-ahead schedules, which are built after the cache: bind late.
@@ -261,6 +272,8 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     log: (line) => env.log(line),
   });
   let shm: ShmServer | undefined;
+  /** The shm path failed to start: `GET /v1/shm` says it is off, not "starting". */
+  let shmFailed = false;
   // HTTP batch bodies, reused and bounded in flight, where the runtime tells when a response is over.
   const copier = config.nativeGather === "off" ? undefined : withThreads(env.copier, config.nativeGatherThreads);
   const bodies = env.whenDone
@@ -330,7 +343,6 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     now: env.now,
     log: env.log,
   });
-  let shmFailed = false;
   return {
     app,
     fetch: app.fetch,
