@@ -242,13 +242,7 @@ export class BlockCache {
     if (disk ? disk.touch(k) : this.#memory.get(k) !== undefined) return true;
     let bytes = this.#memory.get(k);
     if (!bytes) {
-      let fill = this.#flights.get(k);
-      if (!fill) {
-        const length = Math.min(this.#blockBytes, info.size - index * this.#blockBytes);
-        fill = new BlockFill(length, Math.min(length, gw.partBytes() ?? this.#partBytes));
-        this.#flights.set(k, fill);
-        this.#track(this.#runFill(gw, key, info, index, k, fill, opts.background));
-      }
+      const fill = this.#flights.get(k) ?? this.#startFill(gw, key, info, index, k, opts.background);
       bytes = await this.#awaitForPrefetch(k, fill, opts.signal);
     }
     // A block the NVMe tier could not store (write error, full disk, tier smaller than a block) is
@@ -378,10 +372,15 @@ export class BlockCache {
       this.#promote.get(flight)?.abort();
       return flight;
     }
+    return this.#startFill(gw, key, info, index, k, false);
+  }
+
+  /** Starts the fill of block `index` (cache key `k`), in flight from now on: later readers join it. */
+  #startFill(gw: OriginGateway, key: string, info: ObjectInfo, index: number, k: string, background: boolean): BlockFill {
     const length = Math.min(this.#blockBytes, info.size - index * this.#blockBytes);
     const fill = new BlockFill(length, Math.min(length, gw.partBytes() ?? this.#partBytes));
     this.#flights.set(k, fill);
-    this.#track(this.#runFill(gw, key, info, index, k, fill));
+    this.#track(this.#runFill(gw, key, info, index, k, fill, background));
     return fill;
   }
 
