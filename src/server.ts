@@ -233,7 +233,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     buildOffThread: env.buildOffThread,
     shareIndexes: planning !== undefined,
     // Read-ahead is made just below, before any dataset can be registered, let alone replaced.
-    onReplaced: (old, next) => readAhead.versionReplaced(old, next),
+    onReplaced: (old) => readAhead.versionReplaced(old),
   });
   const readAhead = new ReadAhead({
     cache,

@@ -79,8 +79,6 @@ interface Consumer {
   dues: Map<string, number[]>;
   /** Steps skipped on the way to `step` and not served yet (at most `OWED_STEPS`). */
   owed: number[];
-  /** Versions of the dataset this consumer has moved past (held weakly: they may be gigabytes). */
-  replaced: WeakSet<RegisteredDataset>;
 }
 
 /** A step whose blocks read-ahead has warmed, not served yet. */
@@ -149,6 +147,11 @@ export class ReadAhead {
   #lastId = "";
   /** When `observe` last looked for idle consumers (clock ms). */
   #idleCheckedAt = -Infinity;
+  /**
+   * Dataset versions replaced since (held weakly: they may be gigabytes): a consumer that has
+   * moved on is never switched back to one by a request begun before the replacement.
+   */
+  readonly #replaced = new WeakSet<RegisteredDataset>();
   /** The id of the consumer last in `#consumers`' recency order (undefined when unknown). */
   #newestId: string | undefined;
 
@@ -218,7 +221,7 @@ export class ReadAhead {
         this.#newestId = id;
       }
       c.seenAt = now;
-      if (c.reg !== reg && c.replaced.has(reg)) {
+      if (c.reg !== reg && this.#replaced.has(reg)) {
         // A request begun before the dataset was rebuilt, answered after one on the new version:
         // switching back would drop the window twice and keep the old version alive.
         return;
@@ -255,12 +258,11 @@ export class ReadAhead {
       } else {
         this.#release(c, step); // steps served: their blocks are no longer protected for this consumer
       }
-      if (c.reg !== reg) c.replaced.add(c.reg);
       c.reg = reg;
       if (step !== c.step) c.movedAt = now;
       c.step = step;
     } else {
-      c = { key: consumer, reg, step, movedAt: now, seenAt: now, stepSeconds: 0, warmedThrough: step, requestedThrough: step, scheduled: [], head: 0, windowBytes: 0, dues: new Map(), owed: [], replaced: new WeakSet() };
+      c = { key: consumer, reg, step, movedAt: now, seenAt: now, stepSeconds: 0, warmedThrough: step, requestedThrough: step, scheduled: [], head: 0, windowBytes: 0, dues: new Map(), owed: [] };
       if (this.#consumers.size >= this.#opts.maxConsumers) {
         const oldest = this.#consumers.keys().next().value!;
         this.#release(this.#consumers.get(oldest)!, Infinity);
@@ -277,20 +279,20 @@ export class ReadAhead {
   }
 
   /**
-   * A dataset was replaced by a new version: its consumers move to the new one at once, their
-   * windows released (the old version's blocks are not the new one's). A consumer that was not
-   * seen again would otherwise hold the old version, indexes and all, until it is forgotten as
-   * idle (10 minutes): a version per re-registration while trainers come and go.
+   * A dataset was replaced by a new version: its consumers are forgotten at once, their windows
+   * released. One that was not seen again would otherwise hold the old version, indexes and all,
+   * until forgotten as idle (10 minutes): a version per re-registration while trainers come and
+   * go. One that goes on is tracked again from its next step, on the version it reads then: the
+   * new one, or, for an open shm consumer (which reads the version it opened until it
+   * reconnects), the old one, whose blocks it still needs warmed.
    */
-  versionReplaced(old: RegisteredDataset, next: RegisteredDataset): void {
-    for (const c of this.#consumers.values()) {
+  versionReplaced(old: RegisteredDataset): void {
+    this.#replaced.add(old);
+    for (const [id, c] of this.#consumers) {
       if (c.reg !== old) continue;
       this.#release(c, Infinity);
-      c.warmedThrough = c.step;
-      c.requestedThrough = c.step;
-      c.owed.length = 0;
-      c.replaced.add(old);
-      c.reg = next;
+      this.#consumers.delete(id);
+      if (id === this.#newestId) this.#newestId = undefined;
     }
   }
 

@@ -69,6 +69,7 @@ export function parseDuration(input: string | number, what: string): number {
   // all but switch read-ahead off without a word.
   if (typeof input === "number") {
     if (input === 0) return 0;
+    if (!(Number.isFinite(input) && input > 0)) throw new RangeError(`Invalid ${what}: expected a duration such as 250ms, 2s, 1m or 1h, received ${input}`);
     throw new RangeError(`Invalid ${what}: ${input} has no unit; give a string such as "${input}s" or "${input}ms" (250ms, 2s, 1m or 1h)`);
   }
   const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$/.exec(input);

@@ -1,7 +1,7 @@
 /** @module An origin on a POSIX or NFS mount: positional reads, version from inode+size+mtime, never a path outside its root. */
 
 import { constants, type Stats } from "node:fs";
-import { open, opendir, readdir, realpath, stat } from "node:fs/promises";
+import { open, opendir, realpath, stat } from "node:fs/promises";
 import { OriginError } from "../errors.ts";
 import { type ListedObject, type ObjectInfo, type Origin, readDeadlineMs } from "./origin.ts";
 
@@ -109,7 +109,7 @@ export class FsOrigin implements Origin {
     return Promise.race([op, deadline]).finally(() => clearTimeout(timer));
   }
 
-  async #resolve(key: string): Promise<string> {
+  async #resolve(key: string, again = true): Promise<string> {
     const root = await this.#resolveRoot();
     let real: string;
     try {
@@ -119,6 +119,11 @@ export class FsOrigin implements Origin {
     }
     const prefix = root === "/" ? "/" : `${root}/`;
     if (!real.startsWith(prefix)) {
+      // A root that is a symbolic link led elsewhere since it was resolved (`current -> v2`):
+      // resolved again, and the key looked up under it once more.
+      const down = await this.#rootGone(undefined);
+      if (down) throw down;
+      if (again && this.#realRoot === undefined) return await this.#resolve(key, false);
       // Reported as not found: saying more would tell a client what exists outside the root.
       throw new OriginError("OBJECT_NOT_FOUND", `Object "${key}" not found in origin "${this.name}"`);
     }
@@ -262,8 +267,21 @@ export class FsOrigin implements Origin {
       this.#realRoot = undefined;
       return this.#rootUnreachable(e);
     }
+    // `stat` follows a root that is a symbolic link: one led elsewhere is another identity too.
     if (id === this.#rootId) return undefined;
-    if (await readdir(this.#root).then((names) => names.length === 0, () => true)) {
+    let empty: boolean;
+    try {
+      const dir = await opendir(this.#root);
+      try {
+        empty = (await dir.read()) === null;
+      } finally {
+        await dir.close();
+      }
+    } catch (e) {
+      this.#realRoot = undefined;
+      return this.#rootUnreachable(e);
+    }
+    if (empty) {
       return new OriginError("ORIGIN_UNAVAILABLE", `Origin "${this.name}" cannot reach its root ${this.#root}: it is now another directory, and an empty one (the mount point of an unmounted share?)`, { cause, unreachable: true });
     }
     this.#realRoot = undefined; // resolved again, with its new identity
@@ -338,7 +356,7 @@ export async function checkFsRoot(root: string): Promise<void> {
   }
 }
 
-/** A directory's identity: its device and inode. */
+/** A directory's identity: its device, inode and birth time (an inode number may be reused by a new directory). */
 function idOf(st: Stats): string {
-  return `${st.dev}:${st.ino}`;
+  return `${st.dev}:${st.ino}:${st.birthtimeMs}`;
 }

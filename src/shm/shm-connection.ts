@@ -388,6 +388,13 @@ export class ShmConnection {
       this.#fail("SHM_FULL", made);
       return;
     }
+    if (this.#closed) {
+      // Ended between the ring's arrival and now (a shutdown's `end()` runs in a promise chain):
+      // `end()` did not see this ring, so it goes here, file and budget.
+      made.close();
+      this.#pool.release(made.layout.fileBytes);
+      return;
+    }
     this.#ring = made;
     const layout = this.#ring.layout;
     const slots = layout.slots;

@@ -86,8 +86,17 @@ function consumerOf(rf: RunningServer) {
 }
 
 describe("schedule-aware read-ahead", () => {
-  it("lets go of a replaced dataset version: consumers not seen since move to the new one, and the old version can be collected", async () => {
+  it("lets go of a replaced dataset version: consumers not seen since are forgotten, and the old version can be collected", async () => {
     await withServer([], async (rf) => {
+      const register = async (seed: number) => {
+        const res = await fetch(`${rf.url}/v1/datasets/big`, {
+          method: "PUT",
+          headers: { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" },
+          body: JSON.stringify({ sources: [{ prefix: "data/tok/big" }], seq_length: 512, seed, split: "100,0,0", split_index: 0, num_samples: 4000 }),
+        });
+        expect(res.status).toBe(200); // replaced
+        await res.arrayBuffer();
+      };
       const old = new WeakRef(await rf.server.datasets.get("big"));
       // Consumers that read a step or two and are gone (a job that ended, an evaluation pass).
       for (const microBatch of [2, 3, 5]) {
@@ -96,29 +105,29 @@ describe("schedule-aware read-ahead", () => {
         await res.arrayBuffer();
       }
       expect(rf.server.readAhead.lookahead().filter((c) => c.dataset === "big")).toHaveLength(3);
-      const res = await fetch(`${rf.url}/v1/datasets/big`, {
-        method: "PUT",
-        headers: { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" },
-        body: JSON.stringify({ sources: [{ prefix: "data/tok/big" }], seq_length: 512, seed: 10, split: "100,0,0", split_index: 0, num_samples: 4000 }),
-      });
-      expect(res.status).toBe(200); // replaced
-      await res.arrayBuffer();
-      const next = await rf.server.datasets.get("big");
-      // Still tracked (their step rates are kept), now on the new version, nothing scheduled for the old.
-      const consumers = rf.server.readAhead.lookahead().filter((c) => c.dataset === "big");
-      expect(consumers).toHaveLength(3);
-      for (const c of consumers) expect(c.stepsScheduled).toBe(0);
+      await register(10);
+      expect(rf.server.readAhead.lookahead().filter((c) => c.dataset === "big")).toHaveLength(0);
       for (let i = 0; i < 5 && old.deref() !== undefined; i++) {
         await new Promise((r) => setTimeout(r, 20));
         gc();
       }
       expect(old.deref(), "the old version is still reachable").toBeUndefined();
-      expect(await rf.server.datasets.get("big")).toBe(next);
-      // The consumers go on with the new version.
+      // A consumer that goes on is tracked again, on the version it reads.
       const again = await fetch(`${rf.url}/v1/datasets/big/batches/2?rank=0&world=1&micro_batch=2`);
       expect(again.status).toBe(200);
       await again.arrayBuffer();
       expect(consumerOf2(rf).step).toBe(2);
+
+      // An open shm consumer reads the version it opened until it reconnects: its steps, observed
+      // on that version after a replacement, are still warmed ahead.
+      const opened = await rf.server.datasets.get("big");
+      const key: ConsumerKey = { dataset: "big", rank: 0, world: 1, microBatch: 7 };
+      for (let s = 0; s < 5; s++) rf.server.readAhead.observe(opened, key, s);
+      await register(11);
+      for (let s = 5; s < 20; s++) rf.server.readAhead.observe(opened, key, s);
+      const shm = rf.server.readAhead.lookahead().find((c) => c.microBatch === 7)!;
+      expect(shm.step).toBe(19);
+      expect(shm.stepsScheduled).toBeGreaterThan(0);
     });
   });
 

@@ -32,6 +32,7 @@ describe("sizes and durations", () => {
     expect(parseDuration(0, "x")).toBe(0);
     expect(() => parseDuration("5", "--read-ahead-seconds")).toThrow(/--read-ahead-seconds: "5" has no unit; write 5s or 5ms/);
     expect(() => parseDuration(5, "readAheadSeconds")).toThrow(/readAheadSeconds: 5 has no unit/);
+    expect(() => parseDuration(-5, "readAheadSeconds")).toThrow(/readAheadSeconds: expected a duration such as 250ms.*received -5$/);
     // Through every source: a flag, the environment and a config file.
     expect(errorOf(() => load(["--read-ahead-seconds", "5"])).message).toMatch(/--read-ahead-seconds.*no unit/);
     expect(errorOf(() => load([], { RACKFEED_SHUTDOWN_GRACE: "30" })).message).toMatch(/RACKFEED_SHUTDOWN_GRACE.*no unit/);

@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { closeSync, constants, mkdirSync, mkdtempSync, openSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { closeSync, constants, mkdirSync, mkdtempSync, openSync, renameSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -130,6 +130,39 @@ describe("FsOrigin whose root goes away", () => {
     } finally {
       rmSync(root, { recursive: true, force: true });
       rmSync(`${root}.away`, { recursive: true, force: true });
+    }
+  });
+
+  it("follows a root that is a symbolic link led elsewhere (current -> v2), and answers 502 for a root removed and made again empty", async () => {
+    const base = mkdtempSync(join(tmpdir(), "rf-root-"));
+    try {
+      mkdirSync(join(base, "v1"));
+      mkdirSync(join(base, "v2"));
+      writeFileSync(join(base, "v1", "a.bin"), "x");
+      writeFileSync(join(base, "v2", "a.bin"), "xyz");
+      writeFileSync(join(base, "v2", "b.bin"), "bb");
+      symlinkSync("v1", join(base, "current"));
+      const origin = new FsOrigin({ name: "nfs", root: join(base, "current") });
+      expect((await origin.stat("a.bin")).size).toBe(1);
+      // Led to v2: its objects are found at once, the old ones no longer.
+      rmSync(join(base, "current"));
+      symlinkSync("v2", join(base, "current"));
+      expect((await origin.stat("b.bin")).size).toBe(2);
+      expect((await origin.stat("a.bin")).size).toBe(3);
+      expect(await origin.list("", 10)).toEqual([{ key: "a.bin", size: 3 }, { key: "b.bin", size: 2 }]);
+      // A plain root removed and made again, empty, on the same file system (its inode number
+      // may come back): still another directory.
+      const plain = join(base, "plain");
+      mkdirSync(plain);
+      writeFileSync(join(plain, "c.bin"), "c");
+      const o2 = new FsOrigin({ name: "nfs2", root: plain });
+      expect((await o2.stat("c.bin")).size).toBe(1);
+      rmSync(plain, { recursive: true });
+      await new Promise((r) => setTimeout(r, 20)); // a later birth time
+      mkdirSync(plain);
+      await expect(o2.stat("c.bin")).rejects.toMatchObject({ code: "ORIGIN_UNAVAILABLE" });
+    } finally {
+      rmSync(base, { recursive: true, force: true });
     }
   });
 });
