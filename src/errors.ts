@@ -20,7 +20,8 @@ export type ErrorCode =
   | "ORIGIN_TIMEOUT"
   | "OVERLOADED"
   | "SHUTTING_DOWN"
-  | "SHM_FULL";
+  | "SHM_FULL"
+  | "DATASET_REPLACED";
 
 /**
  * Base class of rackfeed's errors. Branded with `Symbol.for("rackfeed.error")` so that

@@ -222,6 +222,9 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
   const planning = config.planningThread === "on" || (config.planningThread === "auto" && (env.cpus ?? 1) >= PLANNING_THREAD_MIN_CPUS)
     ? env.startPlanningThread?.(env.log)
     : undefined;
+  let shm: ShmServer | undefined;
+  /** The shm path failed to start: `GET /v1/shm` says it is off, not "starting". */
+  let shmFailed = false;
   const datasets = new DatasetCatalog({
     origins,
     cache,
@@ -233,7 +236,10 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     buildOffThread: env.buildOffThread,
     shareIndexes: planning !== undefined,
     // Read-ahead is made just below, before any dataset can be registered, let alone replaced.
-    onReplaced: (old) => readAhead.versionReplaced(old),
+    onReplaced: (old) => {
+      readAhead.versionReplaced(old);
+      shm?.versionReplaced(old);
+    },
   });
   const readAhead = new ReadAhead({
     cache,
@@ -271,9 +277,6 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     clock: () => Date.now(),
     log: (line) => env.log(line),
   });
-  let shm: ShmServer | undefined;
-  /** The shm path failed to start: `GET /v1/shm` says it is off, not "starting". */
-  let shmFailed = false;
   // HTTP batch bodies, reused and bounded in flight, where the runtime tells when a response is over.
   const copier = config.nativeGather === "off" ? undefined : withThreads(env.copier, config.nativeGatherThreads);
   const bodies = env.whenDone

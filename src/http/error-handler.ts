@@ -29,6 +29,8 @@ export const STATUS_OF: Readonly<Record<ErrorCode, ContentfulStatusCode>> = {
   SHUTTING_DOWN: 503,
   // No room for a shm ring (--shm-bytes, or the tmpfs): the client reads over HTTP instead.
   SHM_FULL: 503,
+  // A shm consumer's dataset was replaced by a new version: reconnect and resume at the next step.
+  DATASET_REPLACED: 503,
 };
 
 /**

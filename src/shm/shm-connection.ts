@@ -118,6 +118,8 @@ export class ShmConnection {
   #endedAt: number | undefined;
   /** The opened consumer's dataset: the label of its `timings`. */
   #dataset: string | undefined;
+  /** The dataset version this consumer's ring is filled from (see `versionReplaced`). */
+  #reg: RegisteredDataset | undefined;
   /** Messages in `#queue` whose handling has not started (the socket pauses past `MAX_UNSTARTED_MESSAGES`). */
   #notStarted = 0;
   /** Messages in `#queue` not yet handled to their end (an `open` awaits the catalog): later step messages wait behind them. */
@@ -191,6 +193,17 @@ export class ShmConnection {
   /** Waits for an `open` in progress to finish (its ring made, refused or stopped). */
   opened(): Promise<void> {
     return (this.#opening ?? Promise.resolve()).catch(() => {});
+  }
+
+  /**
+   * Ends the consumer if its ring is filled from `old`, a dataset version just replaced: the
+   * client reconnects and resumes at its next step on the new version (the SDK does so by itself),
+   * as an HTTP consumer's next request gets it. Batches already in the ring are still the old
+   * version's; nothing after them is.
+   */
+  versionReplaced(old: RegisteredDataset): void {
+    if (this.#reg !== old || this.#closed) return;
+    this.#fail("DATASET_REPLACED", `Dataset "${old.name}" was replaced by a new version (registered again, or its files changed): reconnect and resume at the next step`);
   }
 
   /** Whether this connection's consumer has a ring now (for `ShmServer.stats`). */
@@ -400,6 +413,7 @@ export class ShmConnection {
     const slots = layout.slots;
     this.#round = { startStep, endStep, slots, notify: m.notify === "wait" ? "wait" : "all" };
     this.#dataset = reg.name;
+    this.#reg = reg;
     this.#send({
       t: "ring",
       path: this.#ring.path,

@@ -12,7 +12,7 @@ import * as fs from "node:fs";
 import * as net from "node:net";
 import type { BatchStats } from "../batch/batch-stats.ts";
 import type { PieceCopier } from "../batch/piece-copier.ts";
-import type { DatasetCatalog } from "../batch/dataset-catalog.ts";
+import type { DatasetCatalog, RegisteredDataset } from "../batch/dataset-catalog.ts";
 import type { ReadAhead } from "../batch/read-ahead.ts";
 import type { BlockCache } from "../cache/block-cache.ts";
 import type { ServedBytes } from "../http/served-bytes.ts";
@@ -192,6 +192,11 @@ export class ShmServer {
     let rings = 0;
     for (const c of this.#conns) if (c.hasRing) rings++;
     return { rings, ringBytes: this.#pool.bytes, spareRings: this.#pool.spareCount, connections: this.#conns.size };
+  }
+
+  /** Ends the consumers whose rings are filled from `old`, a dataset version just replaced (see `ShmConnection.versionReplaced`). */
+  versionReplaced(old: RegisteredDataset): void {
+    for (const c of this.#conns) c.versionReplaced(old);
   }
 
   /** Stops listening, ends every connection (their rings are removed) and removes the socket. */

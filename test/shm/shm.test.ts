@@ -1013,6 +1013,52 @@ describe("shared-memory fast path", () => {
     expect(existsSync(join(dir, own))).toBe(false); // its own lock file goes with it
   });
 
+  it("ends a consumer whose dataset is replaced: the SDK resumes over shm at its next step on the new version, no gap", async () => {
+    const port = await freePort();
+    const dir = join(ws.dir, "shm-replaced");
+    const ADMIN = "admin-token-for-replacement-tests";
+    const server = await startServer(ws, [...dataset, "--listen", `127.0.0.1:${port}`, "--shm-dir", dir, "--cache-dir", join(ws.dir, "rr"), "--admin-token", ADMIN]);
+    try {
+      const c = new RackfeedClient({ url: server.url, local: localTransport(), backoffMs: 20, maxBackoffMs: 200 });
+      const got: { step: number; bytes: Uint8Array; transport: string }[] = [];
+      // More steps than a ring holds (64 slots for batches this small): what the ring held when
+      // the dataset was replaced is the old version's, everything after it the new one's.
+      const steps = 300;
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 3, endStep: steps, prefetch: 3 })) {
+        got.push({ step: b.step, bytes: new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength).slice(), transport: b.transport });
+        if (b.step === 5) {
+          const res = await fetch(`${server.url}/v1/datasets/d`, {
+            method: "PUT",
+            headers: { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" },
+            body: JSON.stringify({ ...REG, seed: 10 }),
+          });
+          expect(res.status).toBe(200);
+          await res.arrayBuffer();
+        }
+      }
+      expect(got.map((g) => g.step)).toEqual(Array.from({ length: steps }, (_, i) => i));
+      expect(got.every((g) => g.transport === "shm")).toBe(true);
+      expect(c.retried).toBeGreaterThan(0); // it reconnected
+      // The suite's server still serves the old version (seed 9); this one the new (seed 10).
+      const same = (a: Uint8Array, b: Uint8Array) => a.length === b.length && a.every((v, i) => v === b[i]);
+      const version: string[] = [];
+      for (const g of got) {
+        const old = await httpSamples(rf.url, g.step * 3, 3);
+        const now = await httpSamples(server.url, g.step * 3, 3);
+        version.push(same(g.bytes, now) ? "new" : same(g.bytes, old) ? "old" : "neither");
+      }
+      const firstNew = version.indexOf("new");
+      expect(version.includes("neither")).toBe(false);
+      expect(firstNew).toBeGreaterThan(5);
+      expect(firstNew).toBeLessThanOrEqual(6 + 64); // at most what the ring held
+      expect(version.slice(0, firstNew).every((v) => v === "old")).toBe(true);
+      expect(version.slice(firstNew).every((v) => v === "new")).toBe(true);
+    } finally {
+      await server.close();
+    }
+    expect(readdirSync(dir).filter((n) => n.endsWith(".ring"))).toEqual([]);
+  });
+
   it("survives a server restart mid-iteration over shm: resumes at the next step with no duplicate and no gap", async () => {
     const port = await freePort();
     const dir = join(ws.dir, "shm-restart-2");
