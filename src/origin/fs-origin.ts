@@ -226,11 +226,18 @@ export class FsOrigin implements Origin {
   #resolveRoot(): Promise<string> {
     this.#realRoot ??= (async () => {
       const real = await realpath(this.#root);
-      this.#rootId = idOf(await stat(real));
+      const id = idOf(await stat(real));
+      // Another directory than the one served from: taken as the root only when it holds files
+      // (a share mounted again); an empty one is the mount point of a share that is not.
+      if (this.#rootId !== "" && id !== this.#rootId) {
+        const down = await this.#emptyStandIn(undefined);
+        if (down) throw down;
+      }
+      this.#rootId = id;
       return real;
     })().catch((e) => {
       this.#realRoot = undefined;
-      throw this.#rootUnreachable(e);
+      throw e instanceof OriginError ? e : this.#rootUnreachable(e);
     });
     return this.#realRoot;
   }
@@ -269,6 +276,17 @@ export class FsOrigin implements Origin {
     }
     // `stat` follows a root that is a symbolic link: one led elsewhere is another identity too.
     if (id === this.#rootId) return undefined;
+    const down = await this.#emptyStandIn(cause);
+    // Not empty: resolved again, and taken as the root (see `#resolveRoot`).
+    if (!down) this.#realRoot = undefined;
+    return down;
+  }
+
+  /**
+   * The error for a root that is another directory than the one served from and an empty one
+   * (or cannot be read); undefined when it holds something.
+   */
+  async #emptyStandIn(cause: unknown): Promise<OriginError | undefined> {
     let empty: boolean;
     try {
       const dir = await opendir(this.#root);
@@ -278,14 +296,10 @@ export class FsOrigin implements Origin {
         await dir.close();
       }
     } catch (e) {
-      this.#realRoot = undefined;
       return this.#rootUnreachable(e);
     }
-    if (empty) {
-      return new OriginError("ORIGIN_UNAVAILABLE", `Origin "${this.name}" cannot reach its root ${this.#root}: it is now another directory, and an empty one (the mount point of an unmounted share?)`, { cause, unreachable: true });
-    }
-    this.#realRoot = undefined; // resolved again, with its new identity
-    return undefined;
+    if (!empty) return undefined;
+    return new OriginError("ORIGIN_UNAVAILABLE", `Origin "${this.name}" cannot reach its root ${this.#root}: it is now another directory, and an empty one (the mount point of an unmounted share?)`, { cause, unreachable: true });
   }
 
   async #walk(dir: string, dirKey: string, prefix: string, limit: number, out: ListedObject[]): Promise<void> {

@@ -123,6 +123,10 @@ describe("FsOrigin whose root goes away", () => {
       // The mount point itself removed: 502 too.
       rmSync(root, { recursive: true });
       await expect(origin.stat("a.bin")).rejects.toMatchObject({ code: "ORIGIN_UNAVAILABLE", message: expect.stringMatching(/ENOENT/) });
+      // ... and an empty directory made there after that is not taken for the root either.
+      mkdirSync(root);
+      await expect(origin.stat("a.bin")).rejects.toMatchObject({ code: "ORIGIN_UNAVAILABLE", message: expect.stringMatching(/an empty one/) });
+      rmSync(root, { recursive: true });
       // Mounted again (another directory, holding files): served, and a missing object is a 404 again.
       renameSync(`${root}.away`, root);
       expect((await origin.stat("a.bin")).size).toBe(3);
