@@ -249,7 +249,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     // Look-ahead beyond half the memory tier would evict the blocks it just fetched.
     maxBytesPerConsumer: Math.max(config.blockBytes, Math.floor(config.memoryBytes / 2)),
     maxConsumers: MAX_CONSUMERS,
-    planAhead: planning,
+    plansAhead: planning,
   });
   nextUse = (k) => readAhead.nextUse(k);
   const prefetch = new PrefetchJobs({

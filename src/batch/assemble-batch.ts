@@ -52,7 +52,7 @@ export interface AssembleOptions {
   /** The native gather, where the runtime loaded it; unset: pieces are copied in JavaScript. */
   readonly copier?: PieceCopier;
   /** Where plans made on a planning thread are found (`ReadAhead.plansAhead`); unset: a plan not kept is made here. */
-  readonly ahead?: PlansAhead;
+  readonly plansAhead?: PlansAhead;
 }
 
 /** Slices queued for or running on the copier's threads, all batches together. */
@@ -102,7 +102,7 @@ export async function assembleSamples(
   const w = ds.windowLength;
   const bytes = checkedBodyBytes(reg, count, maxBytes);
   const blockBytes = cache.blockBytes;
-  const plan = planSamples(reg, first, count, blockBytes, "batch", true, opts.ahead);
+  const plan = planSamples(reg, first, count, blockBytes, "batch", true, opts.plansAhead);
   let missing = 0;
   let missingFromOrigin = 0;
   let filling = 0;
@@ -327,12 +327,12 @@ export function takeResident(
   first: number,
   count: number,
   maxBytes: number,
-  ahead?: PlansAhead,
+  plansAhead?: PlansAhead,
 ): ResidentRun | undefined {
   const bytes = checkedBodyBytes(reg, count, maxBytes);
   // Not the batch's use yet: a block missing sends the batch through assembleSamples, which then
   // finds read-ahead's plan still kept.
-  const plan = planSamples(reg, first, count, cache.blockBytes, "batch", false, ahead);
+  const plan = planSamples(reg, first, count, cache.blockBytes, "batch", false, plansAhead);
   const keys = blockKeys(cache, reg, plan);
   const got = new Array<Uint8Array>(keys.length);
   for (let pos = 0; pos < keys.length; pos++) {

@@ -121,7 +121,7 @@ export function planSamples(
   blockBytes: number,
   use: PlanUse = "batch",
   used = true,
-  ahead?: PlansAhead,
+  plansAhead?: PlansAhead,
 ): SamplePlan {
   const id = datasetVersionId(reg);
   const slot = planKeyHash(id, first, count, blockBytes) >>> (32 - PLAN_SLOT_BITS);
@@ -136,7 +136,7 @@ export function planSamples(
   if (isPlanOf(t, id, first, count, blockBytes)) return t!.plan;
   // A plan from the planning thread has no block keys yet: as a PlanWithKeys it gets them on first
   // use (`blockKeys`), like a plan made here.
-  const madeAhead = ahead?.take(id, first, count, blockBytes);
+  const madeAhead = plansAhead?.take(id, first, count, blockBytes);
   const plan: SamplePlan = madeAhead === undefined
     ? computePlan(reg.dataset, reg.name, first, count, blockBytes)
     : { segments: madeAhead.segments, segmentCount: madeAhead.segmentCount, blocks: madeAhead.blocks, keysOf: undefined, keys: EMPTY_KEYS } as PlanWithKeys;

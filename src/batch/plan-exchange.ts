@@ -13,7 +13,7 @@
 import { planKeyHash, type SamplePlan, SEGMENT_STRIDE } from "./block-plans.ts";
 import type { RegisteredDataset } from "./dataset-catalog.ts";
 
-/** What read-ahead asks of a planning thread (see `ReadAhead`'s `planAhead` option). */
+/** What read-ahead asks of a planning thread (see `ReadAhead`'s `plansAhead` option). */
 export interface PlansAhead {
   /**
    * Asks for the plan of samples `[first, first + count)` of a dataset. Nothing is promised: a

@@ -49,7 +49,7 @@ export interface ReadAheadOptions {
    * A planning thread: asked for the plans of the steps beyond those warmed (`PLAN_LEAD`), so
    * that warming finds them made. Unset: every step is planned on the event loop.
    */
-  readonly planAhead?: PlansAhead;
+  readonly plansAhead?: PlansAhead;
 }
 
 interface Consumer {
@@ -63,7 +63,7 @@ interface Consumer {
   stepSeconds: number;
   /** Highest step whose blocks have been warmed. */
   warmedThrough: number;
-  /** Highest step whose plan has been asked of the planning thread (`planAhead`). */
+  /** Highest step whose plan has been asked of the planning thread (`plansAhead`). */
   requestedThrough: number;
   /**
    * Steps after `step` that are scheduled, in step order from `head`: the block keys each needs,
@@ -186,12 +186,12 @@ export class ReadAhead {
   }
 
   /**
-   * The planning thread that plans consumers' coming steps (the `planAhead` option): a batch
+   * The planning thread that plans consumers' coming steps (the `plansAhead` option): a batch
    * planned before read-ahead reaches its step (a group of shm steps, a window capped by bytes)
    * looks there too.
    */
   get plansAhead(): PlansAhead | undefined {
-    return this.#opts.planAhead;
+    return this.#opts.plansAhead;
   }
 
   /** Steps whose blocks read-ahead warmed, since start. */
@@ -307,7 +307,7 @@ export class ReadAhead {
   }
 
   #warm(c: Consumer): void {
-    const { cache, budgetSeconds, maxSteps, maxBytesPerConsumer, planAhead } = this.#opts;
+    const { cache, budgetSeconds, maxSteps, maxBytesPerConsumer, plansAhead } = this.#opts;
     // Until the rate is known, look two steps ahead; then cover the time budget.
     const want = c.stepSeconds > 0 ? Math.ceil(budgetSeconds / c.stepSeconds) : 2;
     const horizon = Math.min(maxSteps, Math.max(1, want));
@@ -321,7 +321,7 @@ export class ReadAhead {
     // never evicts its own blocks from the memory tier.
     for (let s = c.warmedThrough + 1; s <= target && c.windowBytes < maxBytesPerConsumer; s++) {
       const first = stepSamples(s, c.key.rank, c.key.world, c.key.microBatch);
-      const plan = planSamples(c.reg, first, c.key.microBatch, blockBytes, "read-ahead", true, planAhead);
+      const plan = planSamples(c.reg, first, c.key.microBatch, blockBytes, "read-ahead", true, plansAhead);
       const due = now + (s - c.step) * stepMs;
       const keys = blockKeys(cache, c.reg, plan);
       if (this.#tracking) this.#schedule(c, keys, due);
@@ -337,19 +337,19 @@ export class ReadAhead {
       c.warmedThrough = s;
       this.#stepsWarmed++;
     }
-    if (planAhead !== undefined && c.requestedThrough - c.warmedThrough < PLAN_LEAD / 2) this.#requestPlans(c, planAhead, lastStep);
+    if (plansAhead !== undefined && c.requestedThrough - c.warmedThrough < PLAN_LEAD / 2) this.#requestPlans(c, plansAhead, lastStep);
   }
 
   /** Asks the planning thread for the plans of the consumer's steps up to `PLAN_LEAD` beyond those warmed. */
-  #requestPlans(c: Consumer, planAhead: PlansAhead, lastStep: number): void {
+  #requestPlans(c: Consumer, plansAhead: PlansAhead, lastStep: number): void {
     const { rank, world, microBatch } = c.key;
     const blockBytes = this.#opts.cache.blockBytes;
     const to = Math.min(c.warmedThrough + PLAN_LEAD, lastStep);
     for (let s = Math.max(c.requestedThrough, c.warmedThrough) + 1; s <= to; s++) {
-      planAhead.request(c.reg, stepSamples(s, rank, world, microBatch), microBatch, blockBytes);
+      plansAhead.request(c.reg, stepSamples(s, rank, world, microBatch), microBatch, blockBytes);
     }
     c.requestedThrough = Math.max(c.requestedThrough, to);
-    planAhead.flush();
+    plansAhead.flush();
   }
 
   /** Records that consumer `c` needs blocks `keys` at `due` (a step after those it has scheduled). */

@@ -27,7 +27,7 @@ const MAX_COPIED_INDEX_BYTES = 16 * 2 ** 20;
  * @example
  * ```ts
  * const planner = new PlanningThread("node");
- * const readAhead = new ReadAhead({ ...opts, planAhead: planner });
+ * const readAhead = new ReadAhead({ ...opts, plansAhead: planner });
  * await planner.close();
  * ```
  */

@@ -574,7 +574,7 @@ export class ShmConnection {
           continue;
         }
         const first = stepSamples(step, consumer.rank, consumer.world, consumer.microBatch);
-        const batch = assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, { now: this.#o.now, into: ring.target(slot), copier, ahead: this.#o.readAhead.plansAhead });
+        const batch = assembleSamples(this.#o.cache, reg, first, consumer.microBatch, this.#o.maxBatchBytes, { now: this.#o.now, into: ring.target(slot), copier, plansAhead: this.#o.readAhead.plansAhead });
         // Awaited in order below; a later step failing first must not count as an unhandled rejection.
         batch.catch(() => (failed = true));
         inFlight.push({ step, slot, generation, first, t0, unit, batch, index: -1 });

@@ -168,7 +168,7 @@ async function batchResponse(
       lease.abandon();
       return c.body(null, 204);
     }
-    batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, { now: deps.now, into: lease?.body, copier: deps.copier, ahead: deps.readAhead.plansAhead });
+    batch = await assembleSamples(deps.cache, reg, first, count, deps.maxBatchBytes, { now: deps.now, into: lease?.body, copier: deps.copier, plansAhead: deps.readAhead.plansAhead });
     // The lease ends with the response. Registered only once the copy is over: a runtime may say
     // "done" as soon as the connection is gone (Deno resolves `completed` when an HTTP/1.1 client
     // leaves), and a body back in the pool must not be written by a late copy. Back to the pool
