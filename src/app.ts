@@ -1,5 +1,6 @@
 /** @module `createApp(deps)`: the Hono app built from injected parts; what tests drive with `app.request()`. */
 
+import { TUNABLES } from "./config/defaults.ts";
 import { Hono } from "hono";
 import type { BatchStats } from "./batch/batch-stats.ts";
 import type { BatchBodies } from "./http/routes/datasets.ts";
@@ -50,7 +51,7 @@ export interface AppDeps {
   readonly wrapBody: (bytes: Uint8Array) => BodyInit;
   /** Largest samples/batch body. */
   readonly maxBatchBytes: number;
-  /** Bytes of request bodies received at once (`--request-body-bytes`); default 64 MiB. */
+  /** Bytes of request bodies received at once (`--request-body-bytes`); default its default in the tunables table. */
   readonly requestBodyBytes?: number;
   /** Reusable batch bodies and the runtime's word on when a response is out; unset: a new body per batch. */
   readonly bodies?: BatchBodies;
@@ -74,7 +75,7 @@ export interface AppDeps {
  */
 export function createApp(deps: AppDeps): Hono {
   const app = new Hono();
-  const requestBodies = new RequestBodies(deps.requestBodyBytes ?? 64 * 2 ** 20);
+  const requestBodies = new RequestBodies(deps.requestBodyBytes ?? TUNABLES.requestBodyBytes.parse(TUNABLES.requestBodyBytes.default!, "--request-body-bytes"));
   const onError = errorHandler(deps.log);
   app.onError(onError);
   // Made at the first unmatched request, when every route is registered.
