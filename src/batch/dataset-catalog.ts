@@ -68,7 +68,7 @@ export interface DatasetCatalogOptions {
    * changed): whatever holds the old version for later use lets go of it, or its indexes (up to
    * gigabytes) stay alive for as long as that holder does.
    */
-  readonly onReplaced?: (old: RegisteredDataset, next: RegisteredDataset) => void;
+  readonly onReplaced?: (old: RegisteredDataset) => void;
 }
 
 /**
@@ -202,7 +202,7 @@ export class DatasetCatalog {
     this.#appliedTicket.set(name, ticket);
     const old = this.#datasets.get(name);
     this.#datasets.set(name, built);
-    if (old !== undefined) this.#opts.onReplaced?.(old, built);
+    if (old !== undefined) this.#opts.onReplaced?.(old);
     this.#checkedAt.set(name, this.#opts.now());
     this.#rebuildErrors.delete(name);
     return built;
@@ -275,7 +275,7 @@ export class DatasetCatalog {
     const next = await this.#build(name, ds.config);
     if (this.#datasets.get(name) === ds) {
       this.#datasets.set(name, next);
-      this.#opts.onReplaced?.(ds, next);
+      this.#opts.onReplaced?.(ds);
     }
   }
 

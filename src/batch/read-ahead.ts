@@ -264,9 +264,7 @@ export class ReadAhead {
     } else {
       c = { key: consumer, reg, step, movedAt: now, seenAt: now, stepSeconds: 0, warmedThrough: step, requestedThrough: step, scheduled: [], head: 0, windowBytes: 0, dues: new Map(), owed: [] };
       if (this.#consumers.size >= this.#opts.maxConsumers) {
-        const oldest = this.#consumers.keys().next().value!;
-        this.#release(this.#consumers.get(oldest)!, Infinity);
-        this.#consumers.delete(oldest);
+        this.#forget(this.#consumers.keys().next().value!);
       }
       this.#consumers.set(id, c);
       this.#newestId = id;
@@ -282,27 +280,26 @@ export class ReadAhead {
    * A dataset was replaced by a new version: its consumers are forgotten at once, their windows
    * released. One that was not seen again would otherwise hold the old version, indexes and all,
    * until forgotten as idle (10 minutes): a version per re-registration while trainers come and
-   * go. One that goes on is tracked again from its next step, on the version it reads then: the
-   * new one, or, for an open shm consumer (which reads the version it opened until it
-   * reconnects), the old one, whose blocks it still needs warmed.
+   * go. One that goes on is tracked again from its next step, on the version it reads then (an
+   * shm consumer drains what its ring holds of the old one, see `ShmConnection.versionReplaced`).
    */
   versionReplaced(old: RegisteredDataset): void {
     this.#replaced.add(old);
-    for (const [id, c] of this.#consumers) {
-      if (c.reg !== old) continue;
-      this.#release(c, Infinity);
-      this.#consumers.delete(id);
-      if (id === this.#newestId) this.#newestId = undefined;
-    }
+    for (const [id, c] of this.#consumers) if (c.reg === old) this.#forget(id);
+  }
+
+  /** Forgets a consumer: its window released, its entry gone. */
+  #forget(id: string): void {
+    this.#release(this.#consumers.get(id)!, Infinity);
+    this.#consumers.delete(id);
+    if (id === this.#newestId) this.#newestId = undefined;
   }
 
   /** Forgets consumers idle for `IDLE_CONSUMER_MS`: the map is in recency order, so from its start. */
   #forgetIdle(now: number): void {
     for (const [id, c] of this.#consumers) {
       if (now - c.seenAt < IDLE_CONSUMER_MS) return;
-      this.#release(c, Infinity);
-      this.#consumers.delete(id);
-      if (id === this.#newestId) this.#newestId = undefined;
+      this.#forget(id);
     }
   }
 

@@ -7,6 +7,7 @@
  * to a co-located server by itself.
  */
 
+import { fullSteps } from "../batch/steps.ts";
 import { backoffDelay, sleep } from "../origin/retry.ts";
 import { MAX_REPORT_STEPS } from "../metrics/telemetry-report.ts";
 import { MAX_RING_SLOTS } from "../shm/protocol.ts";
@@ -382,7 +383,7 @@ export class RackfeedClient {
       let end = c.endStep;
       if (end === undefined && this.#url !== undefined) {
         const d = await this.describe(dataset, { signal });
-        end = Math.floor(Number(d.numSamples) / (c.world * c.microBatch));
+        end = fullSteps(Number(d.numSamples), c.world, c.microBatch);
         if (!Number.isSafeInteger(end)) throw new RackfeedError(0, "BAD_RESPONSE", `Dataset "${dataset}" has no numSamples in its description`);
         // A resume past the end is a wrong step, not an empty epoch (HTTP answers a batch there with 416).
         if ((c.startStep ?? 0) > end) {

@@ -49,7 +49,7 @@ export class FsOrigin implements Origin {
   readonly #timeoutMs: number | undefined;
   readonly #maxHung: number;
   #realRoot: Promise<string> | undefined;
-  /** The root's device and inode when it was resolved: an unmounted share leaves its mount point, on another device. */
+  /** The identity (`idOf`) of the directory the root was last served from, kept across failures: an unmounted share leaves its mount point, another directory. */
   #rootId = "";
   /** File calls started and not returned, and how many of them are past their deadline. */
   #unreturned = 0;

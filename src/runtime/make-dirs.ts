@@ -37,20 +37,3 @@ export async function makeDirs(path: string): Promise<void> {
     });
   }
 }
-
-/** `makeDirs`, synchronously. */
-export function makeDirsSync(path: string): void {
-  if (fs.statSync(path, { throwIfNoEntry: false })?.isDirectory()) return;
-  const missing = [path];
-  for (const p of parentsOf(path)) {
-    if (fs.statSync(p, { throwIfNoEntry: false })) break;
-    missing.push(p);
-  }
-  for (const p of missing.reverse()) {
-    try {
-      fs.mkdirSync(p);
-    } catch (e) {
-      if ((e as { code?: string }).code !== "EEXIST" || (p === path && !fs.statSync(p).isDirectory())) throw e;
-    }
-  }
-}

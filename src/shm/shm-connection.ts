@@ -402,8 +402,8 @@ export class ShmConnection {
       return;
     }
     if (this.#closed) {
-      // Ended between the ring's arrival and now (a shutdown's `end()` runs in a promise chain):
-      // `end()` did not see this ring, so it goes here, file and budget.
+      // The peer left (or the server is stopping) while the ring was made: `end()` has run and
+      // did not see it, so it goes here, file and budget.
       made.close();
       this.#pool.release(made.layout.fileBytes);
       return;
@@ -434,8 +434,8 @@ export class ShmConnection {
    * first that fits the budget and the directory (spare rings are dropped for room when that
    * helps).
    *
-   * @returns the ring; or why none fits (SHM_FULL); or undefined when the connection ended
-   *   while the ring was made (its file removed, its budget given back)
+   * @returns the ring; or why none fits (SHM_FULL); or undefined when `end()` stopped its
+   *   allocation (its file removed, its budget given back)
    */
   async #makeRing(sizes: readonly RingLayout[]): Promise<RingFile | string | undefined> {
     let refusal = "";
@@ -463,13 +463,6 @@ export class ShmConnection {
         }
         refusal = `${e.message}: ${this.#o.dir} is full; grow it or lower --shm-bytes`;
         continue;
-      }
-      if (this.#closed) {
-        // The peer left (or the server is stopping) while the pages were written: `end()` has
-        // run and did not see this ring.
-        ring.close();
-        this.#pool.release(layout.fileBytes);
-        return undefined;
       }
       return ring;
     }

@@ -17,7 +17,7 @@ import type { ReadAhead } from "../batch/read-ahead.ts";
 import type { BlockCache } from "../cache/block-cache.ts";
 import type { ServedBytes } from "../http/served-bytes.ts";
 import { type MapFile, releaseRingOwnerLock, removeDeadRings, takeRingOwnerLock } from "./ring-file.ts";
-import { makeDirsSync } from "../runtime/make-dirs.ts";
+import { makeDirs } from "../runtime/make-dirs.ts";
 import { RingPool } from "./ring-pool.ts";
 import { ShmConnection } from "./shm-connection.ts";
 import type { FileLock, LockFile } from "../cache/cache-dir-lock.ts";
@@ -144,7 +144,7 @@ export class ShmServer {
    * @throws {Error} when another live server holds the socket path, or the directory is unusable
    */
   static async start(opts: ShmServerOptions): Promise<ShmServer> {
-    makeDirsSync(opts.dir);
+    await makeDirs(opts.dir);
     const ownerLock = opts.lockFile ? await takeRingOwnerLock(opts.dir, opts.pid, opts.instance, opts.lockFile) : undefined;
     try {
       return await ShmServer.#listen(opts, ownerLock);

@@ -2,14 +2,13 @@ import { existsSync, mkdtempSync, rmSync, statSync, writeFileSync } from "node:f
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { makeDirs, makeDirsSync } from "../../src/runtime/make-dirs.ts";
+import { makeDirs } from "../../src/runtime/make-dirs.ts";
 
 const root = mkdtempSync(join(tmpdir(), "rackfeed-make-dirs-"));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
 
 describe.each([
   ["makeDirs", (p: string) => makeDirs(p)],
-  ["makeDirsSync", (p: string) => new Promise<void>((resolve) => resolve(makeDirsSync(p)))],
 ] as const)("%s", (name, make) => {
   it("makes a directory and its missing parents, and leaves an existing one alone", async () => {
     const deep = join(root, name, "a", "b", "c");
