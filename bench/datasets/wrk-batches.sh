@@ -5,7 +5,7 @@
 # requests/s and the server's CPU per request (/proc). Baseline in the same run: the bare runtime's
 # own server sending one fixed body of a batch's size (65 552 bytes) (bench/transport/bare-servers.mjs), i.e. what HTTP
 # alone costs there. Data: bench/.out/datasets/u16 (made by bench/datasets/common.ts if missing).
-# Run from the repo root: bash bench/datasets/wrk-batches.sh [SECONDS=3]   (needs wrk)
+# Run from the repo root: bash bench/datasets/wrk-batches.sh [SECONDS=3]   (needs wrk; RTS="node deno" picks the runtimes)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . bench/transport/bare-servers.sh
@@ -27,7 +27,7 @@ tck=$(getconf CLK_TCK)
 us() { awk -v t="$1" -v r="$2" -v s="$secs" -v k="$tck" 'BEGIN { printf "%.0f", t / k * 1e6 / (r * s) }'; } # CPU ticks, requests/s -> µs each
 echo "| server | requests/s | server CPU µs per request | × bare |"
 echo "|---|---|---|---|"
-for rt in node deno; do
+for rt in ${RTS:-node deno}; do
   log="$work/$rt.log"
   start_bare_servers $rt 65552 "$log"
   bare=$BARE_PID
