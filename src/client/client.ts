@@ -29,8 +29,12 @@ export interface RackfeedClientOptions {
   readonly shm?: boolean;
   /** Bearer token for reads (`--read-token`). */
   readonly token?: string;
-  /** The `fetch` to use; on Node pass `http2Fetch()` from `client/node.ts` for HTTP/2. */
-  readonly fetch?: typeof fetch;
+  /**
+   * The `fetch` to use; on Node pass `http2Fetch()` from `client/node.ts` for HTTP/2. One with an
+   * `abandonConnections` method (`PooledFetch`, as `http2Fetch()` and the Deno `createClient`'s)
+   * is told when an attempt timed out, so that retries do not go down a dead connection.
+   */
+  readonly fetch?: typeof fetch | PooledFetch;
   /**
    * Retries of a transient failure (network error, timeout, 429, 502, 503, 504), at most.
    * Default 64; `retryForMs` usually ends them first.
@@ -66,6 +70,22 @@ export interface RackfeedClientOptions {
    * retried, in ms; 0 = none. Default 120 000 (a batch may wait 30 s for room on the server).
    */
   readonly timeoutMs?: number;
+}
+
+/**
+ * A `fetch` over a pool of connections it can give up. HTTP/2 sends every request down one
+ * connection: when that connection goes silent without closing (a NAT or load balancer that
+ * dropped the flow), each retry would time out on it again, while HTTP/1.1 closes a timed-out
+ * request's socket and the retry opens a new one.
+ */
+export interface PooledFetch {
+  (input: string | URL | Request, init?: RequestInit): Promise<Response>;
+  /**
+   * Called when the attempt made with `signal` (its `init.signal`) took longer than `timeoutMs`:
+   * the connections that attempt used are not used for new requests any more, and closed.
+   * Attempts made since on new connections are not affected.
+   */
+  abandonConnections?(signal: AbortSignal): void;
 }
 
 /** Consumer of `batches()`. */
@@ -213,7 +233,7 @@ export class RackfeedClient {
   #shmRoute: { socket: string; instance: string | undefined } | null | undefined;
   /** When the shm path was last found unusable (`#now()` ms): asked again `SHM_RECHECK_MS` later. */
   #shmRouteNullAt = 0;
-  readonly #fetch: typeof fetch;
+  readonly #fetch: PooledFetch;
   readonly #headers: Record<string, string>;
   readonly #retries: number;
   readonly #retryForMs: number;
@@ -253,7 +273,7 @@ export class RackfeedClient {
     this.#socket = opts.socket;
     this.#local = opts.shm === false ? undefined : opts.local;
     this.#token = opts.token;
-    this.#fetch = opts.fetch ?? globalThis.fetch.bind(globalThis);
+    this.#fetch = (opts.fetch as PooledFetch | undefined) ?? globalThis.fetch.bind(globalThis);
     this.#headers = opts.token ? { authorization: `Bearer ${opts.token}` } : {};
     this.#retries = opts.retries ?? 64;
     this.#retryForMs = opts.retryForMs ?? 60_000;
@@ -680,6 +700,9 @@ export class RackfeedClient {
         if (permanentFetchFailure(e)) throw new RackfeedError(0, "FETCH_FAILED", `${path}: ${describeFailure(e)}`);
         why = ac.signal.aborted ? String((ac.signal.reason as Error)?.message ?? ac.signal.reason) : describeFailure(e);
         status = 0;
+        // Timed out: its connection may be dead without closing, and over HTTP/2 the retry would
+        // take the same one.
+        if (ac.signal.aborted) this.#fetch.abandonConnections?.(ac.signal);
       } finally {
         clearTimeout(timer);
         unlink?.();

@@ -7,7 +7,7 @@
 
 import { canMapDeno, mapFileDeno } from "../runtime/libc-deno.ts";
 import { checkRingSize, connectUnix, mappedRing, nextTurn, readingTransport, STORES_IN_ORDER } from "./local-transport.ts";
-import { RackfeedClient, type RackfeedClientOptions } from "./client.ts";
+import { type PooledFetch, RackfeedClient, type RackfeedClientOptions } from "./client.ts";
 import type { LocalTransport } from "./shm-consumer.ts";
 
 /**
@@ -25,12 +25,32 @@ import type { LocalTransport } from "./shm-consumer.ts";
  */
 export function createClient(opts: RackfeedClientOptions & { readonly ca?: string }): RackfeedClient {
   const { ca, ...rest } = opts;
-  let tlsFetch: typeof fetch | undefined;
-  if (ca !== undefined) {
-    const client = Deno.createHttpClient({ caCerts: [ca] });
-    tlsFetch = ((input: RequestInfo | URL, init?: RequestInit) => fetch(input, { ...init, client } as RequestInit)) as typeof fetch;
-  }
-  return new RackfeedClient({ ...rest, fetch: rest.fetch ?? tlsFetch, local: rest.local ?? localTransport() });
+  return new RackfeedClient({ ...rest, fetch: rest.fetch ?? pooledFetch(ca), local: rest.local ?? localTransport() });
+}
+
+/**
+ * Deno's `fetch` over an `HttpClient` of its own, which it replaces after a timed-out attempt
+ * (`abandonConnections`): the global `fetch`'s pool cannot be given up, and over HTTP/2 every
+ * retry would go down the same dead connection.
+ *
+ * @param ca PEM of a private CA or a self-signed server certificate
+ */
+function pooledFetch(ca: string | undefined): PooledFetch {
+  const makeClient = () => Deno.createHttpClient(ca === undefined ? {} : { caCerts: [ca] });
+  let client = makeClient();
+  // Which client each attempt went out on: attempts that time out together replace it once.
+  const clientOf = new WeakMap<AbortSignal, Deno.HttpClient>();
+  const pooled: PooledFetch = (input, init) => {
+    if (init?.signal) clientOf.set(init.signal, client);
+    return fetch(input, { ...init, client } as RequestInit);
+  };
+  pooled.abandonConnections = (signal) => {
+    if (clientOf.get(signal) !== client) return;
+    const old = client;
+    client = makeClient();
+    old.close();
+  };
+  return pooled;
 }
 
 /**

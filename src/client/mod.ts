@@ -4,5 +4,5 @@
  * the shm transport (rings mapped through FFI, else read with pread).
  */
 
-export { RackfeedClient, type RackfeedClientOptions, RackfeedError, type StepBatch, type StepTimings, type TokenBatch } from "./client.ts";
+export { type PooledFetch, RackfeedClient, type RackfeedClientOptions, RackfeedError, type StepBatch, type StepTimings, type TokenBatch } from "./client.ts";
 export { type LocalSocket, type LocalTransport, type RingReader, ShmError } from "./shm-consumer.ts";

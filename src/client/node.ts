@@ -7,7 +7,7 @@
 
 import { Agent, fetch as undiciFetch } from "undici";
 import { loadNodeMapping } from "../runtime/libc-node.ts";
-import { RackfeedClient, type RackfeedClientOptions } from "./client.ts";
+import { type PooledFetch, RackfeedClient, type RackfeedClientOptions } from "./client.ts";
 import { checkRingSize, connectUnix, mappedRing, nextTurn, readingTransport, STORES_IN_ORDER } from "./local-transport.ts";
 import type { LocalTransport } from "./shm-consumer.ts";
 
@@ -35,16 +35,34 @@ export function createClient(opts: RackfeedClientOptions & { readonly ca?: strin
  * A `fetch` that negotiates HTTP/2 with HTTPS servers (many streams over one connection).
  *
  * @param opts `ca`: PEM of a private CA or a self-signed server certificate; `connections`: per origin
- * @returns a fetch for `RackfeedClientOptions.fetch`
+ * @returns a fetch for `RackfeedClientOptions.fetch`; after a timed-out attempt (`abandonConnections`)
+ * it makes new connections, and the old ones are closed
  * @example
  * ```ts
  * const rf = new RackfeedClient({ url: "https://rackfeed.rack7:8443", fetch: http2Fetch({ ca }) });
  * ```
  */
-export function http2Fetch(opts: { ca?: string; connections?: number } = {}): typeof fetch {
-  const agent = new Agent({ allowH2: true, connections: opts.connections ?? 4, connect: opts.ca ? { ca: opts.ca } : {} });
-  return ((input: string | URL | Request, init?: RequestInit) =>
-    undiciFetch(input as string, { ...(init as object), dispatcher: agent })) as unknown as typeof fetch;
+export function http2Fetch(opts: { ca?: string; connections?: number } = {}): typeof fetch & Required<Pick<PooledFetch, "abandonConnections">> {
+  const makeAgent = () => new Agent({ allowH2: true, connections: opts.connections ?? 4, connect: opts.ca ? { ca: opts.ca } : {} });
+  let agent = makeAgent();
+  // Which agent each attempt went out on: requests that time out together on one dead
+  // connection replace it once, not each the agent the one before them made.
+  const agentOf = new WeakMap<AbortSignal, Agent>();
+  const pooled = ((input: string | URL | Request, init?: RequestInit) => {
+    if (init?.signal) agentOf.set(init.signal, agent);
+    return undiciFetch(input as string, { ...(init as object), dispatcher: agent });
+  }) as unknown as typeof fetch & Required<Pick<PooledFetch, "abandonConnections">>;
+  pooled.abandonConnections = (signal) => {
+    if (agentOf.get(signal) !== agent) return;
+    const old = agent;
+    agent = makeAgent();
+    // Destroyed, not closed: close() waits for the requests on it, and over a dead connection
+    // they end only by their own timeouts. Those still in flight fail now and are retried on
+    // the new agent; requests on live connections of it are asked again, a cost paid only after
+    // a timeout.
+    old.destroy().catch(() => {});
+  };
+  return pooled;
 }
 
 /**

@@ -1,8 +1,12 @@
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient } from "../../src/client/mod.ts";
+import { http2Fetch } from "../../src/client/node.ts";
 import { type Fault, type FaultProxy, type FaultRule, onceEach, startFaultProxy } from "../helpers/fault-proxy.ts";
 import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
+import { startSilentProxy } from "../helpers/silent-proxy.ts";
+import { selfSignedCert } from "../helpers/tls.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
@@ -85,6 +89,27 @@ describe("RackfeedClient under network faults", () => {
       expect(c.retried).toBe(1);
     });
   });
+
+  it("gives up an HTTP/2 connection that went silent once an attempt timed out: its retries take a new one", async () => {
+    // Over HTTP/2 every request shares one connection; one that goes quiet without closing (a NAT
+    // that dropped the flow) took every retry too, until retryForMs gave up on a healthy server.
+    const { key, cert } = selfSignedCert(ws.dir, "silent");
+    const tls = await startServer(ws, [...args, "--tls-cert", cert, "--tls-key", key, "--cache-dir", join(ws.dir, "c-silent"), "--shm-dir", "off"]);
+    const proxy = await startSilentProxy(Number(new URL(tls.url).port), 12_000);
+    const c = new RackfeedClient({ url: `https://${proxy.hostPort}`, fetch: http2Fetch({ ca: readFileSync(cert, "utf8") }), timeoutMs: 1000, retryForMs: 8000, backoffMs: 5 });
+    try {
+      const got = await within(collect(c, { endStep: 30 }), 20_000, "batches() over a silent HTTP/2 connection");
+      expect(proxy.silenced).toBe(true);
+      expect(got.map((g) => g.step)).toEqual(Array.from({ length: 30 }, (_, i) => i));
+      for (const g of got) expectSameBytes(g.bytes, await direct(g.step), `step ${g.step}`);
+      expect(c.retried).toBeGreaterThan(0);
+      expect(proxy.connections).toBeGreaterThan(1);
+    } finally {
+      await c.close();
+      await proxy.close();
+      await tls.close();
+    }
+  }, 30_000);
 
   it("ends batches() with the reason of its signal, its requests in flight cancelled", async () => {
     // Every batch after step 0 takes 2 s to come: the caller aborts while it waits for step 1.

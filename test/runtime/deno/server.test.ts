@@ -25,6 +25,7 @@ async function withServer(
   args: string[],
   fn: (url: string, dir: string) => Promise<void>,
   env: Partial<ServerEnv> = {},
+  tls?: (dir: string) => { cert: string; key: string },
 ): Promise<void> {
   const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-" });
   await Deno.mkdir(`${dir}/origin`);
@@ -36,7 +37,7 @@ async function withServer(
     cwd: dir,
   });
   const server = await createServer(config, { now: () => performance.now(), log: () => {}, wrapBody: oneChunkStream, ...env });
-  const listener = await listenDeno(server.fetch, config.listen);
+  const listener = await listenDeno(server.fetch, config.listen, tls?.(dir));
   try {
     await fn(listener.url, dir);
   } finally {
@@ -144,6 +145,32 @@ Deno.test("the client SDK reads objects and iterates batches on Deno", async () 
     assert.deepEqual(steps, [0, 1, 2, 3, 4]);
     await c.close();
   });
+});
+
+Deno.test("the SDK's createClient gives up an HTTP/2 connection that went silent once an attempt timed out", async () => {
+  const { createClient } = await import("../../../src/client/deno.ts");
+  const { selfSignedCert } = await import("../../helpers/tls.ts");
+  const { startSilentProxy } = await import("../../helpers/silent-proxy.ts");
+  let ca = "";
+  const tls = (dir: string) => {
+    const files = selfSignedCert(dir, "silent", { endEntity: true });
+    ca = Deno.readTextFileSync(files.cert);
+    return { cert: ca, key: Deno.readTextFileSync(files.key) };
+  };
+  await withServer([], async (url) => {
+    // The first connection stops after 30 KB from the server (the object is 200 KB), open and silent.
+    const proxy = await startSilentProxy(Number(new URL(url).port), 30_000);
+    const c = createClient({ url: `https://${proxy.hostPort}`, ca, shm: false, timeoutMs: 1000, retryForMs: 8000, backoffMs: 5 });
+    try {
+      for (let i = 0; i < 3; i++) assert.deepEqual(await c.readObject("data", "shard.bin"), pattern(200_000));
+      assert.equal(proxy.silenced, true);
+      assert.ok(c.retried > 0);
+      assert.ok(proxy.connections > 1, `connections through the proxy: ${proxy.connections}`);
+    } finally {
+      await c.close();
+      await proxy.close();
+    }
+  }, {}, tls);
 });
 
 Deno.test("holds HTTP batch bodies in flight until Deno has completed their responses and never reuses one; concurrent slow and fast readers get exact bytes", async () => {
