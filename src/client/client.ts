@@ -67,7 +67,8 @@ export interface RackfeedClientOptions {
   readonly sleep?: (ms: number) => Promise<void>;
   /**
    * Longest time one HTTP attempt (headers and body) may take before it is abandoned and
-   * retried, in ms; 0 = none. Default 120 000 (a batch may wait 30 s for room on the server).
+   * retried, in ms, and longest wait for a batch over shm before the shm stream is opened again;
+   * 0 = none. Default 120 000 (a batch may wait 30 s for room on the server).
    */
   readonly timeoutMs?: number;
 }
@@ -177,7 +178,7 @@ const TELEMETRY_RETRY_MS = 5000;
 
 export { MAX_QUEUED_STEPS, MAX_REPORTS_IN_FLIGHT } from "./step-reports.ts";
 
-/** A fetch failure that no retry can fix: a bad URL, an untrusted certificate (undici's and Deno's causes). */
+/** A fetch failure that no retry can fix: a bad URL or port, an untrusted certificate (undici's and Deno's causes). */
 function permanentFetchFailure(e: unknown): boolean {
   // Only fetch's own failures (a TypeError), never ours (TruncatedBody names the path), and never
   // the URL: Deno's cause reads "error sending request for url (http://host/v1/datasets/NAME...)",
@@ -185,7 +186,8 @@ function permanentFetchFailure(e: unknown): boolean {
   if (!(e instanceof TypeError)) return false;
   const cause = (e as { cause?: { code?: unknown; message?: unknown } })?.cause;
   const text = `${String(cause?.code ?? "")} ${String(cause?.message ?? "")} ${String(e.message ?? "")}`.replace(/\b(?:https?|wss?):\/\/\S*/gi, "");
-  return /CERT|SELF_SIGNED|ERR_TLS|InvalidCertificate|UnknownIssuer|ERR_INVALID_URL|Invalid URL|unsupported scheme/i.test(text);
+  // A port fetch blocks (the Fetch standard's list: 1, 6000, 6667...) is blocked on every attempt.
+  return /CERT|SELF_SIGNED|ERR_TLS|InvalidCertificate|UnknownIssuer|ERR_INVALID_URL|Invalid URL|unsupported scheme|bad port|port \d+ (?:are|is) blocked/i.test(text);
 }
 
 /** `e`'s message with its cause's (undici says only "fetch failed"). */
@@ -272,6 +274,10 @@ export class RackfeedClient {
     }
     this.#socket = opts.socket;
     this.#local = opts.shm === false ? undefined : opts.local;
+    // A header cannot carry it: every request would fail in fetch and be retried for retryForMs.
+    if (opts.token && !/^[\x21-\x7e]+$/.test(opts.token)) { // "" is none, as before
+      throw new RangeError("Invalid token: expected visible ASCII characters only (no spaces, line breaks or other characters), as the server's --read-token");
+    }
     this.#token = opts.token;
     this.#fetch = (opts.fetch as PooledFetch | undefined) ?? globalThis.fetch.bind(globalThis);
     this.#headers = opts.token ? { authorization: `Bearer ${opts.token}` } : {};
@@ -405,6 +411,10 @@ export class RackfeedClient {
         const d = await this.describe(dataset, { signal });
         end = fullSteps(Number(d.numSamples), c.world, c.microBatch);
         if (!Number.isSafeInteger(end)) throw new RackfeedError(0, "BAD_RESPONSE", `Dataset "${dataset}" has no numSamples in its description`);
+        // No step at all is a wrong world or micro-batch, not an empty epoch (an epoch loop would spin on it).
+        if (end === 0) {
+          throw new RackfeedError(416, "RANGE_NOT_SATISFIABLE", `Dataset "${dataset}" has no full step for world=${c.world}, micro_batch=${c.microBatch}: it has ${Number(d.numSamples)} samples, fewer than world × micro_batch = ${c.world * c.microBatch}`);
+        }
         // A resume past the end is a wrong step, not an empty epoch (HTTP answers a batch there with 416).
         if ((c.startStep ?? 0) > end) {
           throw new RackfeedError(416, "RANGE_NOT_SATISFIABLE", `startStep ${c.startStep} is beyond dataset "${dataset}": it has ${end} steps for world=${c.world}, micro_batch=${c.microBatch}`);
@@ -431,6 +441,8 @@ export class RackfeedClient {
           endStep: end,
           slots: Math.min(it.depth + 1, MAX_RING_SLOTS),
           signal,
+          // A stopped server keeps the socket open and silent: bounded as an HTTP attempt is.
+          timeoutMs: this.#timeoutMs,
           onTimings: (send, live) => this.#reports.shmSocket(id, send, live),
         });
         try {
@@ -612,6 +624,16 @@ export class RackfeedClient {
     return attempt >= this.#retries || this.#now() - since >= retryForMs;
   }
 
+  /**
+   * The wait a server's `Retry-After` (seconds) asks for, capped at `maxBackoffMs`, plus up to half
+   * of it at random: the ranks of a job that got the same answer at once must not all come back
+   * in the same instant (a server restarting answers every one of them 503, Retry-After: 1).
+   */
+  #retryAfterMs(seconds: number): number {
+    const ms = Math.min(seconds * 1000, this.#maxBackoff);
+    return ms + Math.random() * ms / 2;
+  }
+
   /** Full-jitter backoff before retry `attempt` (the origins' policy, `backoffDelay`). */
   #backoffMs(attempt: number): number {
     return backoffDelay(attempt, { retries: this.#retries, baseMs: this.#backoff, capMs: this.#maxBackoff }, Math.random);
@@ -712,7 +734,7 @@ export class RackfeedClient {
         throw new RackfeedError(status, "UNAVAILABLE", `${path} failed after ${attempt + 1} attempts: ${why}`);
       }
       this.#retried++;
-      await this.#pause(Number.isFinite(retryAfter) && retryAfter > 0 ? Math.min(retryAfter * 1000, this.#maxBackoff) : this.#backoffMs(attempt), signal);
+      await this.#pause(Number.isFinite(retryAfter) && retryAfter > 0 ? this.#retryAfterMs(retryAfter) : this.#backoffMs(attempt), signal);
     }
   }
 }

@@ -91,15 +91,38 @@ class MessageReader {
     this.#socket = socket;
   }
 
-  async next(): Promise<Record<string, unknown>> {
+  /**
+   * The next message. With `timeoutMs` (> 0), a wait on the socket longer than that closes it and
+   * throws a retryable `ShmError`, `waitingFor` naming what did not come: a server that stopped
+   * (wedged, or its host frozen) keeps the socket open and silent for as long as it is stopped.
+   */
+  async next(timeoutMs = 0, waitingFor = "a message"): Promise<Record<string, unknown>> {
     while (this.#ready.length === 0) {
-      const chunk = await this.#socket.read();
+      const chunk = timeoutMs > 0 ? await this.#readWithin(timeoutMs, waitingFor) : await this.#socket.read();
       if (chunk === null) throw new ShmError(0, "UNAVAILABLE", "The shared-memory connection closed");
       this.#ready.push(...this.#decoder.push(chunk));
     }
     const m = this.#ready.shift()!;
     if (m.t === "error") throw new ShmError(Number(m.status), String(m.code), String(m.message));
     return m;
+  }
+
+  /** One read, armed only while it blocks (a timer per batch would cost a busy consumer). */
+  async #readWithin(ms: number, waitingFor: string): Promise<Uint8Array | null> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    try {
+      return await Promise.race([
+        this.#socket.read(),
+        new Promise<never>((_, reject) => {
+          timer = setTimeout(() => {
+            this.#socket.close();
+            reject(new ShmError(0, "UNAVAILABLE", `No answer from the shared-memory server in ${ms} ms while waiting for ${waitingFor}`));
+          }, ms);
+        }),
+      ]);
+    } finally {
+      clearTimeout(timer);
+    }
   }
 }
 
@@ -142,6 +165,8 @@ export async function* shmBatches(
     endStep?: number;
     slots: number;
     signal?: AbortSignal;
+    /** Longest wait for the ring or a batch's notice, in ms, before the stream fails (retryable); 0: none. */
+    timeoutMs?: number;
     /**
      * Called with `live` true once the ring is open, where the server takes timings: `send`
      * writes this consumer's step timings on its socket (false once the connection is gone or
@@ -198,7 +223,8 @@ export async function* shmBatches(
       ...(c.endStep === undefined ? {} : { endStep: c.endStep }),
       slots: c.slots,
     });
-    const r = await reader.next();
+    const timeoutMs = c.timeoutMs ?? 0;
+    const r = await reader.next(timeoutMs, "the ring");
     if (r.t !== "ring") throw new ShmError(0, "BAD_RESPONSE", `Expected "ring", got "${String(r.t)}"`);
     try {
       ring = transport.openRing(String(r.path), Number(r.fileBytes));
@@ -270,7 +296,7 @@ export async function* shmBatches(
         // Not published yet (or a client that does not poll): block on the socket for its notice.
         if (poll && step < endStep) outbox.push(encodeFrame({ t: "wait", step }));
         flush();
-        const m = await reader.next();
+        const m = await reader.next(timeoutMs, `step ${step}`);
         if (m.t === "end") {
           // Every step before `end` was published before it was sent; a polling client may still
           // have some to read (its `wait` crossed the `end`).

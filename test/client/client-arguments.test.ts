@@ -107,6 +107,30 @@ describe("RackfeedClient arguments", () => {
     expect(none).toEqual([]);
   });
 
+  it("batches() raises 416 when the dataset has no full step for the world and micro-batch (a wrong setting, not an empty epoch)", async () => {
+    const c = new RackfeedClient({ url: rf.url });
+    // 2000 samples: world 3 × micro-batch 700 needs 2100 for one step.
+    const err = await c.batches("d", { rank: 1, world: 3, microBatch: 700 }).next().then(() => "yielded", (e) => e);
+    expect(err).toBeInstanceOf(RackfeedError);
+    expect(err.status).toBe(416);
+    expect(err.message).toMatch(/Dataset "d" has no full step for world=3, micro_batch=700: it has 2000 samples, fewer than world × micro_batch = 2100/);
+  });
+
+  it("refuses a token a header cannot carry in the constructor, and a port fetch blocks at once: neither is retried", async () => {
+    for (const token of ["abc\ndef", "with space", "naïve-token"]) {
+      expect(() => new RackfeedClient({ url: rf.url, token }), JSON.stringify(token)).toThrow(/Invalid token: expected visible ASCII characters only/);
+    }
+    // Port 1 is on the Fetch standard's list of blocked ports: every attempt would fail the same way.
+    const c = new RackfeedClient({ url: "http://127.0.0.1:1", retryForMs: 60_000 });
+    const t0 = performance.now();
+    const err = await c.readObject("data", "obj.bin").then(() => "read", (e) => e);
+    expect(err).toBeInstanceOf(RackfeedError);
+    expect(err.code).toBe("FETCH_FAILED");
+    expect(err.message).toMatch(/bad port/);
+    expect(c.retried).toBe(0);
+    expect(performance.now() - t0).toBeLessThan(5000);
+  });
+
   it("refuses a url with a query or fragment, a socket-only client with shm off, and a backoff over its cap, in the constructor", () => {
     for (const url of [`${rf.url}/?x=1`, `${rf.url}/#frag`]) expect(() => new RackfeedClient({ url }), url).toThrow(/a query or fragment cannot be followed by a path/);
     expect(() => new RackfeedClient({ socket: "/tmp/none.sock", local: {} as never, shm: false })).toThrow(/needs a url, or a socket path with a local transport \(and shm not switched off\)/);

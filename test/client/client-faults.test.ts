@@ -90,6 +90,24 @@ describe("RackfeedClient under network faults", () => {
     });
   });
 
+  it("waits what Retry-After asks plus up to half of it at random: clients told the same do not come back in the same instant", async () => {
+    // Each batch's first answer is 503 with Retry-After: 1, as a restarting server gives every rank.
+    const rule = onceEach((req) => (req.url?.includes("/batches/") ? { kind: "slowdown", retryAfter: 1 } : undefined));
+    await withProxy(rule, async (proxy) => {
+      const waits: number[] = [];
+      const c = new RackfeedClient({ url: proxy.url, sleep: (ms) => (waits.push(ms), Promise.resolve()) });
+      const got = await collect(c, { endStep: 12 });
+      expect(got.map((g) => g.step)).toEqual(Array.from({ length: 12 }, (_, i) => i));
+      expect(proxy.counts.faults.slowdown).toBe(12);
+      expect(waits.length).toBe(12);
+      for (const ms of waits) {
+        expect(ms).toBeGreaterThanOrEqual(1000);
+        expect(ms).toBeLessThanOrEqual(1500);
+      }
+      expect(new Set(waits).size).toBeGreaterThan(1);
+    });
+  });
+
   it("gives up an HTTP/2 connection that went silent once an attempt timed out: its retries take a new one", async () => {
     // Over HTTP/2 every request shares one connection; one that goes quiet without closing (a NAT
     // that dropped the flow) took every retry too, until retryForMs gave up on a healthy server.

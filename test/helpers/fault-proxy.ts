@@ -16,8 +16,8 @@ export type Fault =
   | { readonly kind: "stall"; readonly afterBytes: number }
   /** Forward, send `afterBytes` of the body, then reset the connection. */
   | { readonly kind: "reset"; readonly afterBytes: number }
-  /** Answer 503 SlowDown (S3's throttling reply) without forwarding. */
-  | { readonly kind: "slowdown" }
+  /** Answer 503 SlowDown (S3's throttling reply) without forwarding, with `Retry-After` (seconds) if given. */
+  | { readonly kind: "slowdown"; readonly retryAfter?: number }
   /** Answer 500 InternalError without forwarding. */
   | { readonly kind: "error500" }
   /** Forward, then send the body `bytes` at a time, one piece every `everyMs` (never quite silent, never done). */
@@ -195,7 +195,8 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
           ? [503, "SlowDown", "Please reduce your request rate."]
           : [500, "InternalError", "We encountered an internal error. Please try again."];
         const body = `<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>${code}</Code><Message>${msg}</Message></Error>`;
-        res.writeHead(status, { "content-type": "application/xml", "content-length": Buffer.byteLength(body) });
+        const retryAfter = fault.kind === "slowdown" && fault.retryAfter !== undefined ? { "retry-after": String(fault.retryAfter) } : {};
+        res.writeHead(status, { "content-type": "application/xml", "content-length": Buffer.byteLength(body), ...retryAfter });
         res.end(body);
         return;
       }

@@ -845,6 +845,37 @@ describe("shared-memory fast path", () => {
     }
   });
 
+  it("bounds an SDK consumer's wait for a batch by timeoutMs: a server that stopped filling fails the iteration with a clear error, not a hang", async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    let stalling = false;
+    const dir = join(ws.dir, "shm-wedged");
+    const stuck = await startServer(ws, [...dataset, "--shm-dir", dir, "--cache-dir", join(ws.dir, "c-wedged")], {
+      makeOrigin: (spec) =>
+        originWithSlowReads(spec, async () => {
+          if (stalling) await gate; // a server whose fills never end: the socket stays open and silent
+        }),
+    });
+    stalling = true;
+    const c = new RackfeedClient({ url: stuck.url, local: localTransport(), timeoutMs: 400, retryForMs: 1500, backoffMs: 20, maxBackoffMs: 100 });
+    try {
+      expect(await c.transport()).toBe("shm");
+      const t0 = performance.now();
+      const err = await within((async () => {
+        for await (const _ of c.batches("d", { rank: 0, world: 1, microBatch: 4, endStep: 10 })) throw new Error("a batch came from a stalled server");
+      })().then(() => undefined, (e) => e), 15_000, "batches() from a server that stopped filling");
+      expect(err).toBeInstanceOf(RackfeedError);
+      expect(err.code).toBe("UNAVAILABLE");
+      expect(err.message).toMatch(/Shared-memory path failed after \d+ attempts: No answer from the shared-memory server in 400 ms while waiting for step 0/);
+      expect(c.retried).toBeGreaterThan(0);
+      expect(performance.now() - t0).toBeLessThan(10_000);
+    } finally {
+      release();
+      await c.close();
+      await stuck.close();
+    }
+  });
+
   it("requires the read token in hello when the server has one", async () => {
     const dir = join(ws.dir, "shm-token");
     const locked = await startServer(ws, [...dataset, "--shm-dir", dir, "--read-token", "s3cret-token-1"]);
@@ -1093,6 +1124,15 @@ describe("shared-memory fast path", () => {
     }
   });
 });
+
+/** `p`, or an error naming `what` after `ms`. */
+function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  return Promise.race([
+    p,
+    new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: still waiting after ${ms} ms`)), ms))),
+  ]).finally(() => clearTimeout(timer));
+}
 
 /** Sends frames on a fresh connection and returns the `n`th message back (1-based). */
 async function exchange(frames: Uint8Array[], n = 1, socket?: string): Promise<Record<string, unknown>> {
