@@ -342,8 +342,14 @@ export class FsOrigin implements Origin {
   }
 }
 
+/**
+ * An object's size, version and ETag from its stat. The modification time counts in whole
+ * milliseconds: Deno's stat gives no finer, and a version that differed by runtime broke
+ * If-None-Match and If-Range across a mixed fleet (and cold-started a cache moved between them).
+ * Kept in microseconds in the version, as before, so that Deno's versions did not change.
+ */
 function infoOf(st: Stats): ObjectInfo {
-  const mtimeUs = Math.round(st.mtimeMs * 1000);
+  const mtimeUs = Math.floor(st.mtimeMs) * 1000;
   const version = `${st.ino.toString(36)}-${st.size.toString(36)}-${mtimeUs.toString(36)}`;
   return { size: st.size, version, etag: `"${version}"`, lastModified: new Date(Math.floor(st.mtimeMs)) };
 }

@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { closeSync, constants, mkdirSync, mkdtempSync, openSync, renameSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { closeSync, constants, mkdirSync, mkdtempSync, openSync, renameSync, rmSync, statSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -78,6 +78,21 @@ describe("FsOrigin deadlines", () => {
       await origin.read("ok.bin", info, 10, dest);
       expect(dest.every((b) => b === 7)).toBe(true);
     }
+  });
+});
+
+describe("FsOrigin versions", () => {
+  it("versions an object by inode, size and its modification time in whole milliseconds, as Deno reads it (test/runtime/deno/server.test.ts checks the same there)", async () => {
+    const path = join(dir, "versioned.bin");
+    writeFileSync(path, Buffer.alloc(1000, 1));
+    // A time with microseconds: Node's stat gives them, Deno's does not.
+    utimesSync(path, 1_700_000_000.123456, 1_700_000_000.123456);
+    const st = statSync(path);
+    expect(st.mtimeMs % 1).not.toBe(0);
+    const info = await new FsOrigin({ name: "data", root: dir }).stat("versioned.bin");
+    const version = `${st.ino.toString(36)}-${(1000).toString(36)}-${(1_700_000_000_123 * 1000).toString(36)}`;
+    expect(info.version).toBe(version);
+    expect(info.etag).toBe(`"${version}"`);
   });
 });
 

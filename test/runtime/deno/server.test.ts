@@ -147,6 +147,22 @@ Deno.test("the client SDK reads objects and iterates batches on Deno", async () 
   });
 });
 
+Deno.test("versions a file as Node does: inode, size and the modification time in whole milliseconds", async () => {
+  const { FsOrigin } = await import("../../../src/origin/fs-origin.ts");
+  const { utimesSync } = await import("node:fs");
+  const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-version-" });
+  try {
+    await Deno.writeFile(`${dir}/v.bin`, new Uint8Array(1000));
+    utimesSync(`${dir}/v.bin`, 1_700_000_000.123456, 1_700_000_000.123456);
+    const ino = Deno.statSync(`${dir}/v.bin`).ino!;
+    const info = await new FsOrigin({ name: "data", root: dir }).stat("v.bin");
+    // The same string test/origin/fs-origin.test.ts expects on Node for the same times.
+    assert.equal(info.version, `${ino.toString(36)}-${(1000).toString(36)}-${(1_700_000_000_123 * 1000).toString(36)}`);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
 Deno.test("the SDK's createClient gives up an HTTP/2 connection that went silent once an attempt timed out", async () => {
   const { createClient } = await import("../../../src/client/deno.ts");
   const { selfSignedCert } = await import("../../helpers/tls.ts");
