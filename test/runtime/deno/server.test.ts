@@ -94,6 +94,34 @@ Deno.test("refuses a Host header that carries part of a path (Deno builds the re
     assert.equal(sneaky.status, 400, sneaky.text.slice(0, 200));
     assert.match(sneaky.text, /Invalid Host header/);
     assert.equal((await raw(`${hostname}:${port}`, "/v1/objects/data/shard.bin")).status, 200);
+    // Hosts Node's server refuses, and Deno served: both runtimes answer them 400 now.
+    for (const host of ["a:b", "[::1", ":80", "127.0.0.1:99999", ""]) {
+      const r = await raw(host, "/healthz");
+      assert.equal(r.status, 400, `${JSON.stringify(host)}: ${r.text.slice(0, 200)}`);
+      assert.match(r.text, /Invalid Host header/);
+    }
+    for (const host of ["bücher.de", "LOCALHOST:80", "my_service:8080", "[::1]:80"]) assert.equal((await raw(host, "/healthz")).status, 200, host);
+  });
+});
+
+Deno.test("refuses an HTTP/2 authority with a user part (Deno gives HTTP/2 requests no Host header)", async () => {
+  const http2 = await import("node:http2");
+  await withServer([], async (url) => {
+    const session = http2.connect(url);
+    const status = (authority: string) =>
+      new Promise<number>((resolve, reject) => {
+        const req = session.request({ ":path": "/healthz", ":authority": authority });
+        req.on("response", (h) => resolve(Number(h[":status"])));
+        req.on("error", reject);
+        req.resume();
+        req.end();
+      });
+    try {
+      assert.equal(await status("u@x"), 400);
+      assert.equal(await status("x:1"), 200);
+    } finally {
+      session.close();
+    }
   });
 });
 
