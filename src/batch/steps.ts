@@ -5,6 +5,12 @@
  * (every path ends a consumer's epoch at the same step).
  */
 
+/** Largest world size a consumer may name (HTTP batches, shm, prefetch jobs, telemetry). */
+export const MAX_WORLD = 1 << 20;
+
+/** Largest micro-batch a consumer may name (HTTP batches, shm, prefetch jobs, telemetry). */
+export const MAX_MICRO_BATCH = 1 << 20;
+
 /** The first sample of `step` for a consumer: its micro-batch is `[first, first + microBatch)`. */
 export function stepSamples(step: number, rank: number, world: number, microBatch: number): number {
   return (step * world + rank) * microBatch;

@@ -6,6 +6,9 @@ import { parseSplit, type SplitIndex, splitBookends, SPLIT_NAMES } from "./split
 /** Megatron's default `mid_level_dataset_surplus` (the 0.5 % margin of blended sources). */
 export const DEFAULT_MID_LEVEL_DATASET_SURPLUS = 0.005;
 
+/** Largest `mid_level_dataset_surplus` accepted: 1 builds twice the samples each blended source needs. */
+export const MAX_MID_LEVEL_DATASET_SURPLUS = 1;
+
 /** Megatron's blend stores the source of each sample in an int16: at most this many sources. */
 export const MAX_SOURCES = 32766;
 
@@ -31,7 +34,7 @@ export interface DatasetConfig {
   readonly split_index: SplitIndex;
   /** Samples the trainer asks of this split (>= 1). */
   readonly num_samples: number;
-  /** Extra samples built per blended source; @default 0.005 */
+  /** Extra samples built per blended source, a fraction in 0 … 1; @default 0.005 */
   readonly mid_level_dataset_surplus: number;
   /** Windows of `seq_length + 1` tokens (true) or `seq_length` (false); @default true */
   readonly add_extra_token_to_sequence: boolean;
@@ -176,10 +179,27 @@ export function parseDatasetConfig(input: unknown): DatasetConfig {
   let surplus = DEFAULT_MID_LEVEL_DATASET_SURPLUS;
   if (raw.mid_level_dataset_surplus !== undefined) {
     const v = raw.mid_level_dataset_surplus;
-    if (typeof v !== "number" || !Number.isFinite(v) || v < 0) {
-      throw new DatasetConfigError("mid_level_dataset_surplus", `expected a finite number >= 0, received ${describe(v)}`);
+    // A fraction of extra samples (Megatron's default 0.005 is 0.5 %); up to 1 doubles each
+    // source. Beyond that it is a mistake, and near 1e308 `1 + surplus` times a sample count
+    // overflows to Infinity, which surfaced as a num_samples error the client never caused.
+    if (typeof v !== "number" || !Number.isFinite(v) || v < 0 || v > MAX_MID_LEVEL_DATASET_SURPLUS) {
+      throw new DatasetConfigError(
+        "mid_level_dataset_surplus",
+        `expected a fraction in 0 … ${MAX_MID_LEVEL_DATASET_SURPLUS} (extra samples per blended source; default ${DEFAULT_MID_LEVEL_DATASET_SURPLUS}), received ${describe(v)}`,
+      );
     }
     surplus = v;
+  }
+  if (weighted > 0) {
+    // Each blended source builds ceil(ceil(N × w_k) × (1 + surplus)) <= ceil(N × (1 + surplus))
+    // samples (w_k <= 1): that must stay a safe integer for the index builders.
+    const buffer = Math.ceil(num_samples * (1 + surplus));
+    if (!Number.isSafeInteger(buffer)) {
+      throw new DatasetConfigError(
+        raw.mid_level_dataset_surplus === undefined ? "num_samples" : "mid_level_dataset_surplus",
+        `num_samples ${num_samples} × (1 + mid_level_dataset_surplus ${surplus}) = ${buffer} samples per blended source, expected at most ${Number.MAX_SAFE_INTEGER}`,
+      );
+    }
   }
   const add_extra_token_to_sequence = booleanField(raw, "add_extra_token_to_sequence", true);
   const drop_last_partial_validation_sequence = booleanField(raw, "drop_last_partial_validation_sequence", true);

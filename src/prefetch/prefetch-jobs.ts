@@ -7,7 +7,7 @@
 import { setMaxListeners } from "node:events";
 import { blockIndex, blockSource, planSamples } from "../batch/block-plans.ts";
 import type { DatasetCatalog } from "../batch/dataset-catalog.ts";
-import { fullSteps, stepSamples } from "../batch/steps.ts";
+import { fullSteps, MAX_MICRO_BATCH, MAX_WORLD, stepSamples } from "../batch/steps.ts";
 import type { BlockCache } from "../cache/block-cache.ts";
 import { badRequest, CacheServerError, OverloadedError } from "../errors.ts";
 import { validateObjectKey } from "../origin/object-key.ts";
@@ -361,8 +361,10 @@ export class PrefetchJobs {
     const [from, wanted] = req.steps;
     const steps = fullSteps(reg.dataset.numSamples, req.world, req.microBatch);
     if (from >= steps) {
+      // As the batches route says it: with micro-batches larger than the dataset there is no step 0.
+      const has = steps === 0 ? "no full step" : `steps 0-${steps - 1}`;
       throw badRequest(
-        `Invalid prefetch "steps": dataset "${req.dataset}" has steps 0-${steps - 1} with world ${req.world} and micro_batch ${req.microBatch}; received [${from}, ${wanted}]`,
+        `Invalid prefetch "steps": dataset "${req.dataset}" has ${has} with world ${req.world} and micro_batch ${req.microBatch} (${reg.dataset.numSamples} samples); received [${from}, ${wanted}]`,
       );
     }
     const to = Math.min(wanted, steps);
@@ -480,6 +482,10 @@ export function parsePrefetchRequest(body: unknown): PrefetchRequest {
   const b = body as Record<string, unknown>;
   const tier = b.tier ?? "disk";
   if (tier !== "disk" && tier !== "memory") throw badRequest(`Invalid prefetch "tier": expected "disk" or "memory", received ${JSON.stringify(b.tier)}`);
+  // Both named: which one was meant is a guess, and warming the other silently costs a tier's worth of reads.
+  if ("objects" in b && "dataset" in b) {
+    throw badRequest('Invalid prefetch request: it has both "objects" and "dataset"; give one of them (one job each)');
+  }
   if ("objects" in b) {
     if (!Array.isArray(b.objects) || b.objects.length === 0 || b.objects.length > 1000 || !b.objects.every((o) => typeof o === "string" && o.length > 0)) {
       throw badRequest('Invalid prefetch "objects": expected 1-1000 strings "{origin}/prefix"');
@@ -487,10 +493,10 @@ export function parsePrefetchRequest(body: unknown): PrefetchRequest {
     return { objects: b.objects as string[], tier };
   }
   if (typeof b.dataset !== "string") throw badRequest('Invalid prefetch request: expected "objects" or "dataset"');
-  const int = (name: string, min: number, fallback?: number): number => {
+  const int = (name: string, min: number, max: number, fallback?: number): number => {
     const v = b[name] ?? fallback;
-    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min) {
-      throw badRequest(`Invalid prefetch "${name}": expected an integer >= ${min}, received ${JSON.stringify(b[name])}`);
+    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min || v > max) {
+      throw badRequest(`Invalid prefetch "${name}": expected an integer from ${min} to ${max}, received ${JSON.stringify(b[name])}`);
     }
     return v;
   };
@@ -498,8 +504,10 @@ export function parsePrefetchRequest(body: unknown): PrefetchRequest {
   if (!Array.isArray(steps) || steps.length !== 2 || !steps.every((s) => Number.isSafeInteger(s) && s >= 0) || steps[1] <= steps[0]) {
     throw badRequest(`Invalid prefetch "steps": expected [from, to] with 0 <= from < to, received ${JSON.stringify(steps)}`);
   }
-  const world = int("world", 1, 1);
-  const rank = int("rank", 0, 0);
+  // The batches route's bounds (GET /v1/datasets/{name}/batches/{step}): a job warms what a
+  // trainer could ask for, and world × micro_batch stays far inside a safe integer.
+  const world = int("world", 1, MAX_WORLD, 1);
+  const rank = int("rank", 0, Number.MAX_SAFE_INTEGER, 0);
   if (rank >= world) throw badRequest(`Invalid prefetch "rank": ${rank} is not below "world" ${world}`);
-  return { dataset: b.dataset, steps: [steps[0], steps[1]], rank, world, microBatch: int("micro_batch", 1), tier };
+  return { dataset: b.dataset, steps: [steps[0], steps[1]], rank, world, microBatch: int("micro_batch", 1, MAX_MICRO_BATCH), tier };
 }

@@ -18,7 +18,7 @@ import {
 } from "../batch/assemble-batch.ts";
 import type { RegisteredDataset } from "../batch/dataset-catalog.ts";
 import type { ConsumerKey } from "../batch/read-ahead.ts";
-import { fullSteps, stepSamples } from "../batch/steps.ts";
+import { fullSteps, MAX_MICRO_BATCH, MAX_WORLD, stepSamples } from "../batch/steps.ts";
 import { type ErrorCode, isCacheServerError } from "../errors.ts";
 import { STATUS_OF } from "../http/error-handler.ts";
 import { constantTimeEqual } from "../http/middleware/bearer-auth.ts";
@@ -371,9 +371,9 @@ export class ShmConnection {
   async #open(m: Record<string, unknown>): Promise<void> {
     this.#opened = true;
     if (this.#ring) throw new ShmProtocolError('One "open" per connection: open another connection for another consumer');
-    const world = int(m, "world", 1, 1 << 20);
+    const world = int(m, "world", 1, MAX_WORLD);
     const rank = int(m, "rank", 0, world - 1);
-    const microBatch = int(m, "microBatch", 1, 1 << 20);
+    const microBatch = int(m, "microBatch", 1, MAX_MICRO_BATCH);
     const startStep = int(m, "startStep", 0, Number.MAX_SAFE_INTEGER);
     const asked = m.slots === undefined ? this.#o.slots : int(m, "slots", 1, MAX_RING_SLOTS);
     if (typeof m.dataset !== "string") throw new ShmProtocolError('"dataset" must be a string');

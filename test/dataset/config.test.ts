@@ -96,6 +96,24 @@ describe("parseDatasetConfig()", () => {
     expectFieldError(null, "(body)");
   });
 
+  it("parseDatasetConfig() refuses a mid_level_dataset_surplus outside 0 … 1 naming it, not num_samples (1e308 overflowed the sample counts)", () => {
+    const blend = { ...base, sources: [{ prefix: "a", weight: 0.3 }, { prefix: "b", weight: 0.7 }], num_samples: 12000 };
+    expectFieldError({ ...blend, mid_level_dataset_surplus: 1e308 }, "mid_level_dataset_surplus", /fraction in 0 … 1 .*received 1e\+308/);
+    expectFieldError({ ...blend, mid_level_dataset_surplus: 1.5 }, "mid_level_dataset_surplus", /received 1\.5/);
+    expectFieldError({ ...blend, mid_level_dataset_surplus: -0.005 }, "mid_level_dataset_surplus", /received -0\.005/);
+    expectFieldError({ ...blend, mid_level_dataset_surplus: "0.005" }, "mid_level_dataset_surplus");
+    expect(parseDatasetConfig({ ...blend, mid_level_dataset_surplus: 0 }).mid_level_dataset_surplus).toBe(0);
+    expect(parseDatasetConfig({ ...blend, mid_level_dataset_surplus: 1 }).mid_level_dataset_surplus).toBe(1);
+  });
+
+  it("parseDatasetConfig() refuses a blend whose num_samples × (1 + surplus) is no safe integer, naming the fields", () => {
+    const blend = { ...base, sources: [{ prefix: "a", weight: 1 }], num_samples: 2 ** 53 - 2 };
+    expectFieldError({ ...blend, mid_level_dataset_surplus: 0.5 }, "mid_level_dataset_surplus", /num_samples 9007199254740990 × \(1 \+ mid_level_dataset_surplus 0\.5\)/);
+    expectFieldError(blend, "num_samples", /mid_level_dataset_surplus 0\.005/);
+    // A plain source builds no surplus: the same num_samples is no concern of the surplus.
+    expect(parseDatasetConfig({ ...base, num_samples: 2 ** 53 - 2 }).num_samples).toBe(2 ** 53 - 2);
+  });
+
   it("parseDatasetConfig() refuses keep-partial windows on the valid split, which need pad id -1", () => {
     expectFieldError(
       { ...base, split_index: 1, drop_last_partial_validation_sequence: false },

@@ -12,6 +12,7 @@ beforeAll(async () => {
   ws = await makeWorkspace();
   await writeFile(join(ws.dir, "secret.txt"), SECRET); // a sibling of the origin root
   await ws.put("sub/inside.txt", "inside");
+  await ws.put("line\u2028sep\u2029para.txt", "separators");
   await symlink(join(ws.dir, "secret.txt"), join(ws.origin, "link-out.txt"));
   await symlink(ws.dir, join(ws.origin, "dir-out"));
   rf = await startServer(ws);
@@ -89,6 +90,21 @@ describe("object keys cannot escape their origin", () => {
       const res = await rawGet(rf.url, target);
       expect(res.status, target).toBe(400);
       expect(res.text, target).toMatch(/No object key in \/v1\/objects\/data\/?: expected \/v1\/objects\/\{origin\}\/\{key\}/);
+    }
+  });
+
+  it("serves a key holding U+2028 or U+2029 (legal key characters) with its bytes", async () => {
+    const res = await fetch(`${rf.url}/v1/objects/data/line%E2%80%A8sep%E2%80%A9para.txt`);
+    expect(res.status).toBe(200);
+    expect(await res.text()).toBe("separators");
+  });
+
+  it("refuses a key holding CR or LF with the control-character 400 naming the segment, not \"No object key\"", async () => {
+    // The message names the segment as encodeURIComponent writes it (upper-case escapes).
+    for (const [seg, named] of [["a%0ab", "a%0Ab"], ["a%0db", "a%0Db"], ["a%0d%0ab", "a%0D%0Ab"]]) {
+      const res = await rawGet(rf.url, `/v1/objects/data/sub/${seg}`);
+      expect(res.status, seg).toBe(400);
+      expect(res.text, seg).toContain(`Invalid object key segment \\"${named}\\": control characters are not allowed`);
     }
   });
 

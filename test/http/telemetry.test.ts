@@ -16,11 +16,11 @@ afterAll(async () => {
   await ws.remove();
 });
 
-const report = (steps: readonly unknown[]) =>
+const report = (steps: readonly unknown[], consumer: Record<string, unknown> = {}) =>
   fetch(`${rf.url}/v1/telemetry`, {
     method: "POST",
     headers: { "content-type": "application/json" },
-    body: JSON.stringify({ dataset: "d", rank: 0, world: 1, micro_batch: 1, steps }),
+    body: JSON.stringify({ dataset: "d", rank: 0, world: 1, micro_batch: 1, ...consumer, steps }),
   });
 
 describe("POST /v1/telemetry", () => {
@@ -34,5 +34,40 @@ describe("POST /v1/telemetry", () => {
     expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" })).toBe(before);
     expect((await report([{ step: 0, t_wait: 0.1 }])).status).toBe(204);
     expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" })).toBe(before + 1);
+  });
+
+  it("refuses a report whose rank, world or micro_batch is missing, of the wrong type or out of range with a 400 naming the field, and records nothing of it", async () => {
+    const before = await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" });
+    for (const [consumer, field] of [
+      [{ rank: "0" }, "rank"],
+      [{ rank: -1 }, "rank"],
+      [{ rank: 2, world: 2 }, "rank"],
+      [{ rank: 0.5 }, "rank"],
+      [{ rank: undefined }, "rank"],
+      [{ world: "1" }, "world"],
+      [{ world: 0 }, "world"],
+      [{ world: 2 ** 20 + 1 }, "world"],
+      [{ world: null }, "world"],
+      [{ micro_batch: "1" }, "micro_batch"],
+      [{ micro_batch: 0 }, "micro_batch"],
+      [{ micro_batch: 1e9 }, "micro_batch"],
+      [{ micro_batch: true }, "micro_batch"],
+    ] as const) {
+      const res = await report([{ step: 0, t_wait: 0.1 }], consumer);
+      expect(res.status, JSON.stringify(consumer)).toBe(400);
+      expect((await res.json()).message, JSON.stringify(consumer)).toMatch(new RegExp(`^Invalid telemetry "${field}": expected an integer from \\d+ to \\d+, received `));
+    }
+    expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" })).toBe(before);
+    expect((await report([{ step: 0, t_wait: 0.1 }], { rank: 3, world: 4, micro_batch: 2 ** 20 })).status).toBe(204);
+  });
+
+  it("refuses a step that is negative, not an integer or missing with a 400 naming the entry, and records nothing of the report", async () => {
+    const before = await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" });
+    for (const step of [-1, 1.5, "3", null, undefined]) {
+      const res = await report([{ step: 0, t_wait: 0.1 }, { step, t_wait: 0.1 }]);
+      expect(res.status, String(step)).toBe(400);
+      expect((await res.json()).message, String(step)).toMatch(/^Invalid telemetry "steps\[1\]\.step": expected an integer from 0 to 9007199254740991, received /);
+    }
+    expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" })).toBe(before);
   });
 });

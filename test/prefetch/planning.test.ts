@@ -148,4 +148,39 @@ describe("prefetch planning", () => {
     expect(cut.blocksTotal).toBeGreaterThan(0);
     expect(cut.what).toBe("dataset d steps 90-99 (rank 0, world 1, micro_batch 8); asked for steps 90-999999999999, the dataset's last is 99");
   });
+
+  it("says the dataset has no full step when world × micro_batch exceeds its samples, and bounds world and micro_batch as the batches route does", async () => {
+    await putSyntheticDataset(ws, "tok", 200, 50, 400, 2);
+    const rf = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "4KiB"]);
+    servers.push(rf);
+    const reg = { sources: [{ prefix: "data/tok" }], seq_length: 64, seed: 1, split: "100,0,0", split_index: 0, num_samples: 800 };
+    expect((await fetch(`${rf.url}/v1/datasets/d`, { method: "PUT", headers: auth, body: JSON.stringify(reg) })).status).toBe(201);
+    const post = (body: unknown) => fetch(`${rf.url}/prefetch`, { method: "POST", headers: auth, body: JSON.stringify(body) });
+    for (const body of [{ micro_batch: 1000 }, { world: 1000, micro_batch: 1 }, { world: 1 << 20, micro_batch: 1 << 20 }]) {
+      const res = await post({ dataset: "d", steps: [0, 2], ...body });
+      expect(res.status, JSON.stringify(body)).toBe(400);
+      expect((await res.json()).message, JSON.stringify(body)).toMatch(/dataset "d" has no full step with world \d+ and micro_batch \d+ \(\d+ samples\)/);
+    }
+    for (const [body, msg] of [
+      [{ micro_batch: 1e9 }, /"micro_batch": expected an integer from 1 to 1048576, received 1000000000/],
+      [{ micro_batch: 1, world: 1e9 }, /"world": expected an integer from 1 to 1048576, received 1000000000/],
+      [{ micro_batch: 2 ** 20 + 1 }, /"micro_batch": expected an integer from 1 to 1048576/],
+      [{ micro_batch: 1, world: 4, rank: 4 }, /"rank": 4 is not below "world" 4/],
+    ] as const) {
+      const res = await post({ dataset: "d", steps: [0, 2], ...body });
+      expect(res.status, JSON.stringify(body)).toBe(400);
+      expect((await res.json()).message, JSON.stringify(body)).toMatch(msg);
+    }
+    expect((await post({ dataset: "d", steps: [0, 2], world: 4, rank: 3, micro_batch: 8 })).status).toBe(202);
+  });
+
+  it("refuses a body with both \"objects\" and \"dataset\" with 400 saying to give one, instead of warming the objects", async () => {
+    await ws.put("p/a.bin", patternBytes(1000, 1));
+    const rf = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "4KiB"]);
+    servers.push(rf);
+    const res = await fetch(`${rf.url}/prefetch`, { method: "POST", headers: auth, body: JSON.stringify({ objects: ["data/p/"], dataset: "d", steps: [0, 1], micro_batch: 1 }) });
+    expect(res.status).toBe(400);
+    expect((await res.json()).message).toMatch(/both "objects" and "dataset"; give one of them/);
+    expect((await (await fetch(`${rf.url}/prefetch`, { headers: auth })).json()).jobs).toEqual([]);
+  });
 });

@@ -21,6 +21,9 @@ export interface ObjectRoutesDeps {
 
 const PREFIX = "/v1/objects/";
 
+/** One or more characters of any kind, line terminators included (a regex `.` excludes them). */
+const ANY_KEY = "[^]+";
+
 /**
  * Registers the object routes.
  *
@@ -28,10 +31,14 @@ const PREFIX = "/v1/objects/";
  * @param deps origins, cache and byte counters
  */
 export function objectRoutes(app: Hono, deps: ObjectRoutesDeps): void {
-  // `{.+}` lets the key span segments; the handler re-reads the raw path (dot segments, %2f).
+  // `{[^]+}` lets the key span segments; the handler re-reads the raw path (dot segments, %2f).
+  // Not `{.+}`: Hono matches the percent-decoded path, and a regex `.` stops at CR, LF, U+2028
+  // and U+2029, so a key holding one (`%0a`, `%E2%80%A8`) fell through to the catch-all's
+  // "No object key": U+2028/U+2029 are legal key characters, and CR/LF must get the
+  // control-character 400 naming the segment (decodeObjectKey).
   app.on(
     ["GET", "HEAD"],
-    "/v1/objects/:origin/:key{.+}",
+    `/v1/objects/:origin/:key{${ANY_KEY}}`,
     routeDoc("objects", "Bytes of an object through the cache, with Range, ETag, If-None-Match, If-Range", {
       responses: {
         200: { description: "The whole object", content: { "application/octet-stream": { schema: { type: "string", format: "binary" } } } },

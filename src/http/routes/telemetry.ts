@@ -1,6 +1,7 @@
 /** @module `POST /v1/telemetry`: trainers report t_wait, t_h2d and t_compute per step; the server keeps them as histograms. */
 
 import type { Hono } from "hono";
+import { MAX_MICRO_BATCH, MAX_WORLD } from "../../batch/steps.ts";
 import { badRequest } from "../../errors.ts";
 import type { Metrics } from "../../metrics/prometheus.ts";
 import { MAX_REPORT_STEPS, MAX_TIMING_SECONDS } from "../../metrics/telemetry-report.ts";
@@ -38,6 +39,14 @@ export function telemetryRoutes(app: Hono, deps: { metrics: Metrics; datasets: (
   );
 }
 
+/** `v` when it is an integer from `min` to `max`, else a 400 naming `field`. */
+function integer(v: unknown, field: string, min: number, max: number): number {
+  if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
+    throw badRequest(`Invalid telemetry "${field}": expected an integer from ${min} to ${max}, received ${JSON.stringify(v) ?? "nothing"}`);
+  }
+  return v;
+}
+
 interface Report {
   dataset: string;
   steps: { t_wait?: number; t_h2d?: number; t_compute?: number }[];
@@ -46,10 +55,16 @@ interface Report {
 function parseReport(body: unknown, known: readonly string[]): Report {
   const b = body as Record<string, unknown>;
   if (typeof b !== "object" || b === null || typeof b.dataset !== "string") {
-    throw badRequest('Invalid telemetry report: expected {"dataset": name, "steps": [{"step", "t_wait", "t_h2d", "t_compute"}]}');
+    throw badRequest('Invalid telemetry report: expected {"dataset": name, "rank", "world", "micro_batch", "steps": [{"step", "t_wait", "t_h2d", "t_compute"}]}');
   }
   // Labels come from registered names only, so a client cannot grow the metric set without bound.
   if (!known.includes(b.dataset)) throw badRequest(`Invalid telemetry report: unknown dataset "${b.dataset}"`);
+  // The consumer is not a label, but a report that names none (or "0" for a rank) is a broken
+  // client: refused, as the batches route refuses it, rather than recorded as if it were sound.
+  // The SDK sends the consumer its batches() checked (or the caller gave to reportStep).
+  const world = integer(b.world, "world", 1, MAX_WORLD);
+  integer(b.rank, "rank", 0, world - 1);
+  integer(b.micro_batch, "micro_batch", 1, MAX_MICRO_BATCH);
   if (!Array.isArray(b.steps) || b.steps.length > MAX_REPORT_STEPS) {
     throw badRequest(`Invalid telemetry "steps": expected an array of at most ${MAX_REPORT_STEPS} entries`);
   }
@@ -68,6 +83,7 @@ function parseReport(body: unknown, known: readonly string[]): Report {
         throw badRequest(`Invalid telemetry "steps[${i}]": expected an object {"step", "t_wait", "t_h2d", "t_compute"}, received ${JSON.stringify(s)}`);
       }
       const t = s as Record<string, unknown>;
+      integer(t.step, `steps[${i}].step`, 0, Number.MAX_SAFE_INTEGER);
       return {
         t_wait: seconds(t.t_wait, i, "t_wait"),
         t_h2d: seconds(t.t_h2d, i, "t_h2d"),
