@@ -584,7 +584,9 @@ export class RackfeedClient {
       await this.#request("/v1/telemetry", {
         method: "POST",
         headers: { ...this.#headers, "content-type": "application/json" },
-        body: JSON.stringify({ ...body, steps: steps.slice(i, i + MAX_REPORT_STEPS) }),
+        // An id the server counts once: a retry after a lost answer (a cut connection, a timeout)
+        // would otherwise count every step of the report twice.
+        body: JSON.stringify({ ...body, report: reportId(), steps: steps.slice(i, i + MAX_REPORT_STEPS) }),
       }, undefined, async (res) => void (await res.body?.cancel()), {
         // Short: close() waits for reports, and a trainer at its end must not wait a minute
         // for a server that is gone (its timings are lost then, its batches are not).
@@ -763,6 +765,14 @@ function linkAbort(signal: AbortSignal, ac: AbortController): () => void {
   }
   set.add(ac);
   return () => void set.delete(ac);
+}
+
+/** 32 random hex digits (getRandomValues: crypto.randomUUID needs a secure context in browsers). */
+function reportId(): string {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  let id = "";
+  for (const b of bytes) id += b.toString(16).padStart(2, "0");
+  return id;
 }
 
 /** A 2xx body shorter or longer than its headers say: retried like a lost connection. */

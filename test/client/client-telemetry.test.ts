@@ -19,7 +19,7 @@ import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
 /** One dataset name per test (the same data): the telemetry metrics are labelled by dataset, so no test sees another's. */
-const NAMES = ["fails", "close", "every", "negative", "interval", "pair", "stalled", "fast"];
+const NAMES = ["fails", "close", "every", "negative", "interval", "pair", "stalled", "fast", "lost"];
 let ws: Workspace;
 let rf: RunningServer;
 
@@ -242,6 +242,25 @@ describe("RackfeedClient telemetry", () => {
     expect(await healthy()).toBe(before.healthy + 24);
     expect(await waits()).toBe(before.waits + 24);
     expect(await rf.metric("rackfeed_steps_total", { dataset: "every", healthy: "false" })).toBe(0);
+  });
+
+  it("counts a report once when its answer was lost and the SDK sent it again (the server had recorded it)", async () => {
+    // Every report's first try reaches the server, which records it; its answer never comes back
+    // (the 1st, 3rd, 5th... report request: each retry passes).
+    let reports = 0;
+    const rule: FaultRule = (_n, req) => (req.url === "/v1/telemetry" && ++reports % 2 === 1 ? { kind: "lose-answer" } : pass);
+    await withProxy(rule, async (proxy) => {
+      const c = new RackfeedClient({ url: proxy.url, reportEvery: 8, reportIntervalMs: 0, backoffMs: 5 });
+      const waits = () => rf.metric("rackfeed_t_wait_seconds_count", { dataset: "lost" });
+      const steps = () => rf.metric("rackfeed_steps_total", { dataset: "lost", healthy: "true" });
+      const before = { waits: await waits(), steps: await steps() };
+      for await (const b of c.batches("lost", { rank: 0, world: 1, microBatch: 4, endStep: 32 })) c.reportStep(b.step, { t_h2d: 0, t_compute: 10 });
+      await c.close();
+      expect(proxy.counts.faults["lose-answer"]).toBeGreaterThan(0);
+      expect(c.retried).toBeGreaterThan(0);
+      expect(await waits()).toBe(before.waits + 32);
+      expect(await steps()).toBe(before.steps + 32);
+    });
   });
 
   it("refuses a negative t_h2d at reportStep() with a RangeError, and the other steps' timings still arrive", async () => {

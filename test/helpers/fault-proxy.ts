@@ -18,6 +18,8 @@ export type Fault =
   | { readonly kind: "reset"; readonly afterBytes: number }
   /** Answer 503 SlowDown (S3's throttling reply) without forwarding, with `Retry-After` (seconds) if given. */
   | { readonly kind: "slowdown"; readonly retryAfter?: number }
+  /** Forward, let the upstream answer whole, then reset the client's connection with none of it: a request done but its answer lost. */
+  | { readonly kind: "lose-answer" }
   /** Answer 500 InternalError without forwarding. */
   | { readonly kind: "error500" }
   /** Forward, then send the body `bytes` at a time, one piece every `everyMs` (never quite silent, never done). */
@@ -103,6 +105,14 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
     const out = request(
       { host: up.hostname, port: up.port, method: req.method, path: req.url, headers: req.headers },
       (upRes) => {
+        if (fault.kind === "lose-answer") {
+          upRes.resume();
+          upRes.on("end", () => {
+            count(fault.kind);
+            res.socket?.resetAndDestroy();
+          });
+          return;
+        }
         res.writeHead(upRes.statusCode ?? 502, upRes.headers);
         const rate = fault.kind === "delay" ? fault.bytesPerSec : undefined;
         if (rate || (linkRate && (fault.kind === "delay" || fault.kind === "pass"))) {
@@ -186,7 +196,7 @@ export async function startFaultProxy(upstream: string, rule: FaultRule = () => 
     });
     const fault = current(counts.requests, req);
     // Stalls and resets count when they happen (a body shorter than `afterBytes` escapes them).
-    if (fault.kind !== "pass" && fault.kind !== "stall" && fault.kind !== "reset") count(fault.kind);
+    if (fault.kind !== "pass" && fault.kind !== "stall" && fault.kind !== "reset" && fault.kind !== "lose-answer") count(fault.kind);
     switch (fault.kind) {
       case "slowdown":
       case "error500": {

@@ -61,6 +61,21 @@ describe("POST /v1/telemetry", () => {
     expect((await report([{ step: 0, t_wait: 0.1 }], { rank: 3, world: 4, micro_batch: 2 ** 20 })).status).toBe(204);
   });
 
+  it("records a report sent again under its id once, and refuses an id that is no id", async () => {
+    const before = await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" });
+    const steps = [{ step: 0, t_wait: 0.1 }, { step: 1, t_wait: 0.2 }];
+    for (let i = 0; i < 3; i++) expect((await report(steps, { report: "0123abcd-report" })).status).toBe(204);
+    expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" })).toBe(before + 2);
+    expect((await report(steps, { report: "another" })).status).toBe(204); // another id: counted
+    expect((await report(steps)).status).toBe(204); // no id (another client): counted every time
+    expect(await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" })).toBe(before + 6);
+    for (const id of ["with space", "", "x".repeat(65), 42]) {
+      const res = await report(steps, { report: id });
+      expect(res.status, JSON.stringify(id)).toBe(400);
+      expect((await res.json()).message).toMatch(/^Invalid telemetry "report": expected an id of 1 to 64 letters, digits/);
+    }
+  });
+
   it("refuses a step that is negative, not an integer or missing with a 400 naming the entry, and records nothing of the report", async () => {
     const before = await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" });
     for (const step of [-1, 1.5, "3", null, undefined]) {

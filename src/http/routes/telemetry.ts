@@ -11,6 +11,12 @@ import { bodyBound, READ, routeDoc } from "../route-docs.ts";
 /** Largest telemetry report body. */
 const MAX_REPORT_BYTES = 2 << 20;
 
+/** Report ids remembered, the oldest forgotten first: a retry comes seconds after its first try. */
+const REMEMBERED_REPORTS = 8192;
+
+/** A report id: what the SDK sends (32 hex digits), or any other client's up to 64 characters. */
+const REPORT_ID = /^[A-Za-z0-9_-]{1,64}$/;
+
 /**
  * Registers the telemetry route (behind the read token, like every `/v1` route).
  *
@@ -18,6 +24,11 @@ const MAX_REPORT_BYTES = 2 << 20;
  * @param deps the metrics that receive the timings and the known dataset names
  */
 export function telemetryRoutes(app: Hono, deps: { metrics: Metrics; datasets: () => readonly string[]; requestBodies: RequestBodies }): void {
+  // Ids of reports recorded lately: a client that lost the answer to a report (its connection cut
+  // after the server read it, or its attempt timed out) sends it again, and each step would
+  // otherwise count twice. Checked and added with no await between, so a retry that overtakes
+  // its first try is still counted once.
+  const recorded = new Set<string>();
   app.post(
     "/v1/telemetry",
     routeDoc("datasets", "Report per-step t_wait, t_h2d and t_compute of a consumer (the SDK does this)", {
@@ -33,6 +44,11 @@ export function telemetryRoutes(app: Hono, deps: { metrics: Metrics; datasets: (
         throw badRequest(`Cannot parse the telemetry report as JSON: ${(e as Error).message}`);
       }
       const r = parseReport(body, deps.datasets());
+      if (r.id !== undefined) {
+        if (recorded.has(r.id)) return c.body(null, 204); // a retry of a report counted already
+        recorded.add(r.id);
+        if (recorded.size > REMEMBERED_REPORTS) recorded.delete(recorded.values().next().value!);
+      }
       for (const s of r.steps) deps.metrics.observeStep(r.dataset, s);
       return c.body(null, 204);
     },
@@ -49,6 +65,8 @@ function integer(v: unknown, field: string, min: number, max: number): number {
 
 interface Report {
   dataset: string;
+  /** The report's id, when the client gave one: a report sent again with it is recorded once. */
+  id?: string;
   steps: { t_wait?: number; t_h2d?: number; t_compute?: number }[];
 }
 
@@ -76,8 +94,12 @@ function parseReport(body: unknown, known: readonly string[]): Report {
     }
     return v;
   };
+  if (b.report !== undefined && (typeof b.report !== "string" || !REPORT_ID.test(b.report))) {
+    throw badRequest(`Invalid telemetry "report": expected an id of 1 to 64 letters, digits, "-" or "_", received ${JSON.stringify(b.report)}`);
+  }
   return {
     dataset: b.dataset,
+    id: b.report as string | undefined,
     steps: b.steps.map((s: unknown, i: number) => {
       if (typeof s !== "object" || s === null || Array.isArray(s)) {
         throw badRequest(`Invalid telemetry "steps[${i}]": expected an object {"step", "t_wait", "t_h2d", "t_compute"}, received ${JSON.stringify(s)}`);
