@@ -69,6 +69,7 @@ export function listenNode(
     sessions.add(s);
     s.once("close", () => sessions.delete(s));
     closeWhenIdle(s, idleMs);
+    renewBeforeCalm(s, h2Options.maxSessionMemory * 1e6);
     s.on("stream", (stream: http2.ServerHttp2Stream) => closeWhenStalled(stream, idleMs));
     // Node (20.x) closes a session gracefully when the peer sends GOAWAY, then waits for its
     // pending data to be written; when the peer is gone (it destroyed its session while a
@@ -295,6 +296,28 @@ function requestErrorAnswer(e: unknown): Response {
     ? `${e.message}: the request's Host header or target cannot form a URL (expected a host name or address, an optional port, and a path)`
     : `Cannot serve the request: ${e instanceof Error ? e.message : String(e)}`;
   return Response.json({ error: bad ? "BAD_REQUEST" : "INTERNAL", message }, { status: bad ? 400 : 500 });
+}
+
+/**
+ * Closes (GOAWAY, NO_ERROR) an HTTP/2 session once its client has reset streams whose bodies were
+ * still being written, for about half the session's memory bound. Node (20.x) keeps counting what
+ * such a stream had queued against `maxSessionMemory` after the stream is gone (the memory itself
+ * is freed), so a client that cancels large reads (the SDK's prefetch when its caller breaks)
+ * had its new streams refused with ENHANCE_YOUR_CALM after a few hundred, then its session
+ * dropped with every stream in it. Streams in progress finish; the client opens a new session.
+ * A reset stream is counted at its whole body (its Content-Length): at most what it had queued.
+ */
+function renewBeforeCalm(s: Http2Session, memoryBytes: number): void {
+  let stranded = 0;
+  s.on("stream", (stream: http2.ServerHttp2Stream) => {
+    stream.once("close", () => {
+      if (stream.writableFinished || stream.rstCode === http2.constants.NGHTTP2_NO_ERROR) return;
+      const bytes = Number(stream.sentHeaders?.["content-length"] ?? 0);
+      if (!(bytes > 0)) return;
+      stranded += bytes;
+      if (stranded > memoryBytes / 2 && !s.closed && !s.destroyed) s.close();
+    });
+  });
 }
 
 /**

@@ -184,6 +184,70 @@ describe("HTTP/2 on Node", () => {
     }
   });
 
+  it("takes every stream of a client that cancels hundreds of large reads mid-body: Node's session memory count keeps what a reset stream had queued, so the session is renewed (GOAWAY) before it refuses any", async () => {
+    const big = patternBytes(20_000_000, 7);
+    await ws.put("huge.bin", big);
+    const server = await startServer(ws, ["--cache-dir", join(ws.dir, "c-cancels")]);
+    const goaways: number[] = [];
+    const refused: number[] = [];
+    let renewed = false;
+    // A client as undici is: a session that got GOAWAY takes no new stream; the next goes on a new one.
+    const open = () => {
+      const s = http2.connect(server.url);
+      s.on("error", () => {});
+      s.once("goaway", (code) => {
+        goaways.push(code);
+        renewed = true;
+      });
+      renewed = false;
+      return s;
+    };
+    let session = open();
+    /** One read of huge.bin cancelled at its first DATA frame: its status, and the stream's reset code. */
+    const cancelledRead = (s: http2.ClientHttp2Session, i: number) =>
+      new Promise<{ status: number; rst: number }>((resolve) => {
+        const req = s.request({ ":path": "/v1/objects/data/huge.bin" });
+        let got = 0;
+        req.on("error", () => {});
+        req.on("response", (h) => (got = Number(h[":status"])));
+        req.once("data", () => req.close(http2.constants.NGHTTP2_CANCEL)); // a client that gave up on it
+        req.on("close", () => {
+          if (req.rstCode === http2.constants.NGHTTP2_ENHANCE_YOUR_CALM) refused.push(i);
+          resolve({ status: got, rst: req.rstCode ?? 0 });
+        });
+      });
+    try {
+      for (let i = 0; i < 300; i++) {
+        if (renewed || session.destroyed) {
+          session.close();
+          session = open();
+        }
+        let r = await cancelledRead(session, i);
+        // Sent before the GOAWAY arrived: refused as unprocessed (REFUSED_STREAM), asked again on a new session.
+        if (r.status === 0 && (renewed || r.rst === http2.constants.NGHTTP2_REFUSED_STREAM)) {
+          session.close();
+          session = open();
+          r = await cancelledRead(session, i);
+        }
+        expect(r.status, `stream ${i} (reset ${r.rst})`).toBe(200);
+      }
+      expect(refused).toEqual([]);
+      // Renewed, not dropped: every GOAWAY said NO_ERROR (Node's own says ENHANCE_YOUR_CALM or INTERNAL_ERROR).
+      expect(goaways.length).toBeGreaterThan(0);
+      expect(goaways.every((c) => c === http2.constants.NGHTTP2_NO_ERROR)).toBe(true);
+      // Still serving whole bodies.
+      const fresh = http2.connect(server.url);
+      try {
+        expectSameBytes((await h2get(fresh, "/v1/objects/data/huge.bin")).body, big, "huge.bin");
+      } finally {
+        fresh.close();
+      }
+    } finally {
+      session.destroy();
+      await server.close();
+    }
+  }, 60_000);
+
   it("releases the batch leases of sessions whose client sent GOAWAY and vanished while a batch was held back by flow control", async () => {
     const server = await startBatchServer("gone", 5);
     try {
