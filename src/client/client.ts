@@ -315,8 +315,8 @@ export class RackfeedClient {
   }
 
   /**
-   * Steps whose timings were dropped unsent: a consumer's reports could not keep up (a server
-   * that does not answer them), and its queue was full.
+   * Steps whose timings were dropped: a consumer's reports could not keep up (a server that does
+   * not answer them) and its queue was full, or a report failed after its retries.
    */
   get droppedSteps(): number {
     return this.#reports.droppedSteps;

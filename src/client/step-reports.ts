@@ -194,7 +194,11 @@ export class StepReports {
       }
       p.sending++;
       const steps: ReportedStep[] = out.map((s) => (Number.isNaN(s.t_wait) ? { ...s, t_wait: undefined } : s));
-      reports.push(post(p.body, steps).finally(() => p.sending--));
+      // A report that failed after its retries is lost: counted, as steps dropped from a full queue are.
+      reports.push(post(p.body, steps).catch((e) => {
+        this.#dropped += steps.length;
+        throw e;
+      }).finally(() => p.sending--));
     }
     const failed = (await Promise.allSettled(reports)).find((r) => r.status === "rejected");
     if (failed) throw (failed as PromiseRejectedResult).reason;

@@ -146,14 +146,17 @@ describe("RackfeedClient telemetry", () => {
     });
   });
 
-  it("close() resolves when the server is gone (the last report's failure is telemetry's loss); flush() says it failed", async () => {
+  it("close() resolves when the server is gone (the last report's failure is telemetry's loss, counted in droppedSteps); flush() says it failed", async () => {
     const port = await freePort();
     const c = new RackfeedClient({ url: `http://127.0.0.1:${port}`, retryForMs: 300, backoffMs: 10, maxBackoffMs: 50 });
     const consumer = { dataset: "gone", rank: 0, world: 1, microBatch: 4 };
     c.reportStep(0, { t_h2d: 0.001 }, consumer);
     await expect(c.flush()).rejects.toBeInstanceOf(RackfeedError);
+    expect(c.droppedSteps).toBe(1);
     c.reportStep(1, { t_h2d: 0.001 }, consumer);
+    c.reportStep(2, { t_h2d: 0.001 }, consumer);
     await expect(c.close()).resolves.toBeUndefined();
+    expect(c.droppedSteps).toBe(3);
   });
 
   it("loses no timings of a consumer whose batches are always in the ring (its loop never waits for I/O, so it lets reports through)", async () => {
