@@ -230,6 +230,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     cache,
     maxDatasets: MAX_DATASETS,
     maxIndexBytes: config.maxIndexBytes,
+    datasetIndexBytes: config.datasetIndexBytes,
     now: env.now,
     recheckMs: Math.max(config.metadataTtl, 1000),
     log: env.log,

@@ -395,6 +395,14 @@ export const TUNABLES = {
     parse: sizeIn(4096, TiB),
     doc: "Largest Megatron .idx file accepted (it is held in memory while its dataset is registered)",
   } as Tunable<number>,
+  datasetIndexBytes: {
+    key: "datasetIndexBytes",
+    flag: "--dataset-index-bytes",
+    env: "RACKFEED_DATASET_INDEX_BYTES",
+    default: "4GiB",
+    parse: sizeIn(MiB, 64 * TiB),
+    doc: "Memory the indexes of all registered datasets may take together, builds in flight included (about the .idx files, 12 bytes per sample, 4 per document per epoch, 6 per blended sample; estimated before the build); a registration or rebuild that would go beyond is refused (400, with its estimate)",
+  } as Tunable<number>,
   shmDir: {
     key: "shmDir",
     flag: "--shm-dir",

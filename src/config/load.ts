@@ -58,6 +58,8 @@ export interface Config {
   /** Bytes of request bodies received at once, all requests together. */
   readonly requestBodyBytes: number;
   readonly maxIndexBytes: number;
+  /** Memory the indexes of all registered datasets (and builds in flight) may take together. */
+  readonly datasetIndexBytes: number;
   readonly readToken: string | undefined;
   /** Absolute directory of the shm rings; undefined when the shm path is off. */
   readonly shmDir: string | undefined;

@@ -52,3 +52,33 @@ export class DatasetConfigError extends CacheServerError {
     this.field = field;
   }
 }
+
+/**
+ * A registration whose indexes would take more memory than the server keeps for dataset indexes
+ * (`--dataset-index-bytes`, every registered dataset and build in flight together). A
+ * `BAD_REQUEST`: the same registration is refused until it asks for less (fewer samples or
+ * sources, a shorter `seq_length`) or the bound is raised. The message gives the estimate, the
+ * bound and what to change.
+ *
+ * @example
+ * ```ts
+ * throw new DatasetMemoryError('Cannot register dataset "pile": its indexes need ~5.2 GiB ...', 5.2 * 2 ** 30, 4 * 2 ** 30);
+ * ```
+ */
+export class DatasetMemoryError extends CacheServerError {
+  /** What the registration's build would take, in bytes. */
+  readonly estimateBytes: number;
+  /** What was left of the bound for it, in bytes. */
+  readonly availableBytes: number;
+
+  /**
+   * @param message the whole message: the dataset, the estimate, the bound and what to change
+   * @param estimateBytes what the build would take
+   * @param availableBytes what was left of the bound for it
+   */
+  constructor(message: string, estimateBytes: number, availableBytes: number) {
+    super("BAD_REQUEST", message);
+    this.estimateBytes = estimateBytes;
+    this.availableBytes = availableBytes;
+  }
+}

@@ -14,7 +14,7 @@
  * ```
  */
 
-export { DatasetConfigError, DatasetFormatError } from "./errors.ts";
+export { DatasetConfigError, DatasetFormatError, DatasetMemoryError } from "./errors.ts";
 export {
   binPathFor,
   checkBinSize,
@@ -70,4 +70,12 @@ export {
   type TokenDatasetSource,
 } from "./token-dataset.ts";
 export { buildFromIndexFiles, type IndexBuildInput, shareArrays, transferablesOf, unsharedBytes } from "./index-build.ts";
+export {
+  BLEND_SAMPLE_BYTES,
+  DOCUMENT_ENTRY_BYTES,
+  estimateIndexMemory,
+  indexMemoryLowerBound,
+  type IndexMemoryEstimate,
+  SAMPLE_BYTES,
+} from "./index-memory.ts";
 export { PAD_TOKEN, readSample, type TokenArray } from "./read-sample.ts";

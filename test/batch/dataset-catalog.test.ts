@@ -146,4 +146,70 @@ describe("dataset builds", () => {
     expect((await put(2000)).status).toBe(200);
     expect((await (await fetch(`${rf.url}/v1/datasets/d`)).json()).numSamples).toBe(2000);
   });
+
+  it("answers 201 to the registration that created a name and 200 to the one that replaced it, when both started before either landed", async () => {
+    await putSyntheticDataset(ws, "big", 20_000, 20, 400, 3);
+    // Each build waits on a gate of its own (a build that had ended when the next registration
+    // arrived, and was in its last checks), so the test decides which lands first.
+    const gates: { entered: Promise<void>; enter: () => void; open: Promise<void>; release: () => void }[] = [];
+    const gate = () => {
+      const g = {} as (typeof gates)[number];
+      g.entered = new Promise<void>((r) => (g.enter = r));
+      g.open = new Promise<void>((r) => (g.release = r));
+      gates.push(g);
+    };
+    let calls = 0;
+    const gated = async (input: IndexBuildInput) => {
+      const g = gates[calls++];
+      g.enter();
+      await g.open;
+      return buildFromIndexFiles(input);
+    };
+    const rf = await startServer(ws, ["--admin-token", ADMIN], { buildOffThread: gated });
+    servers.push(rf);
+    const put = (name: string, seed: number) =>
+      fetch(`${rf.url}/v1/datasets/${name}`, {
+        method: "PUT",
+        headers: { "content-type": "application/json", authorization: `Bearer ${ADMIN}` },
+        // Large enough to be built off the event loop, through the gated builder.
+        body: JSON.stringify({ sources: [{ prefix: "data/big" }], seq_length: 128, seed, split: "100,0,0", split_index: 0, num_samples: 100_000 }),
+      });
+    for (let round = 0; round < 4; round++) {
+      const name = `new${round}`;
+      gate();
+      gate();
+      const first = put(name, 1);
+      await gates[gates.length - 2].entered;
+      const second = put(name, 2);
+      await gates[gates.length - 1].entered;
+      // Both saw the name free when they started. Even rounds: the first lands first, and the
+      // second replaces it. Odd rounds: the second lands first, and the first is overtaken (409).
+      const [early, late] = round % 2 === 0 ? [0, 1] : [1, 0];
+      const responses = [first, second];
+      gates[gates.length - 2 + early].release();
+      const earlyRes = await responses[early];
+      gates[gates.length - 2 + late].release();
+      const lateRes = await responses[late];
+      expect(earlyRes.status, `round ${round}: ${await earlyRes.clone().text()}`).toBe(201);
+      expect(lateRes.status, `round ${round}: ${await lateRes.clone().text()}`).toBe(round % 2 === 0 ? 200 : 409);
+      expect((await fetch(`${rf.url}/v1/datasets/${name}`)).status).toBe(200);
+    }
+  });
+
+  it("answers exactly one 201 to concurrent registrations of a new name, whatever their interleaving", async () => {
+    await putSyntheticDataset(ws, "small", 50, 20, 400, 4);
+    const rf = await startServer(ws, ["--admin-token", ADMIN]);
+    servers.push(rf);
+    const put = (name: string, seed: number) =>
+      fetch(`${rf.url}/v1/datasets/${name}`, {
+        method: "PUT",
+        headers: { "content-type": "application/json", authorization: `Bearer ${ADMIN}` },
+        body: JSON.stringify({ sources: [{ prefix: "data/small" }], seq_length: 128, seed, split: "100,0,0", split_index: 0, num_samples: 50 }),
+      }).then((r) => r.status);
+    for (let round = 0; round < 8; round++) {
+      const statuses = (await Promise.all([put(`c${round}`, 1), put(`c${round}`, 2)])).sort();
+      // The later one replaces the earlier (200), or overtakes it while it is built (409).
+      expect([[200, 201], [201, 409]], `round ${round}: ${statuses}`).toContainEqual(statuses);
+    }
+  });
 });

@@ -235,3 +235,13 @@ describe("loadConfig disk budget", () => {
     expect(load(["--block-bytes", "4MiB", "--disk-bytes", "8MiB"]).diskBytes).toBe(8 * 2 ** 20);
   });
 });
+
+describe("loadConfig dataset index memory", () => {
+  it("bounds dataset index memory at 4 GiB by default, takes --dataset-index-bytes or its variable, and refuses less than 1 MiB at start-up", () => {
+    expect(load([]).datasetIndexBytes).toBe(4 * 2 ** 30);
+    expect(load(["--dataset-index-bytes", "16GiB"]).datasetIndexBytes).toBe(16 * 2 ** 30);
+    expect(load([], { RACKFEED_DATASET_INDEX_BYTES: "512MiB" }).datasetIndexBytes).toBe(512 * 2 ** 20);
+    expect(errorOf(() => load(["--dataset-index-bytes", "64KiB"])).message).toMatch(/Invalid --dataset-index-bytes: expected between 1048576 and .* bytes, received 65536/);
+    expect(errorOf(() => load(["--dataset-index-bytes", "lots"])).message).toMatch(/--dataset-index-bytes/);
+  });
+});

@@ -4,8 +4,8 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { encodeIndex } from "../../src/dataset/mod.ts";
-import { putSyntheticDataset } from "../helpers/token-data.ts";
+import { encodeIndex, estimateIndexMemory, parseDatasetConfig } from "../../src/dataset/mod.ts";
+import { putSyntheticDataset, syntheticDataset } from "../helpers/token-data.ts";
 import { expectSameBytes, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 
 const VECTORS = fileURLToPath(new URL("../vectors/megatron/", import.meta.url));
@@ -329,5 +329,99 @@ describe("registration", () => {
     await expect(startServer(ws, ["--dataset", `pile=${join(ws.dir, "bad.json")}`])).rejects.toThrow(
       /Cannot register dataset "pile" \(--dataset pile\).*seq_length/,
     );
+  });
+});
+
+describe("index memory (--dataset-index-bytes)", () => {
+  const reg = (numSamples: number, more: Record<string, unknown> = {}) => ({
+    sources: [{ prefix: "data/mem/a" }], seq_length: 64, seed: 3, split: "100,0,0", split_index: 0, num_samples: numSamples, ...more,
+  });
+  /** What the catalog counts for `body` (its build: indexes and .idx files), from the same files. */
+  const estimate = (body: Record<string, unknown>) => {
+    const f = syntheticDataset(2000, 20, 400, 6);
+    return estimateIndexMemory({ config: parseDatasetConfig(body), idx: [f.idx], paths: ["data/mem/a.idx"], binSizes: [f.bin.length] }).buildBytes;
+  };
+  const builds = async (s: RunningServer) => (await s.metric("rackfeed_dataset_builds_total", { thread: "event_loop" })) + (await s.metric("rackfeed_dataset_builds_total", { thread: "worker" }));
+
+  it("refuses with 400 a registration whose indexes would exceed the bound, giving the estimate, the bound and what to change, before building anything, and keeps serving the version before", async () => {
+    await putSyntheticDataset(ws, "mem/a", 2000, 20, 400, 6); // ~420 k tokens, a 40 KiB .idx
+    const s = await startServer(ws, ["--admin-token", ADMIN, "--dataset-index-bytes", "4MiB"]);
+    try {
+      expect((await put("m", reg(1000), ADMIN, s.url)).status).toBe(201);
+      const before = await builds(s);
+      const t0 = performance.now();
+      // 5e7 samples: 600 MB of sample indexes, refused before the .idx is even read (1e9, 12 GB, as fast).
+      const many = await put("m", reg(5e7), ADMIN, s.url);
+      expect(many.status).toBe(400);
+      expect(performance.now() - t0).toBeLessThan(2000);
+      expect((await many.json()).message).toMatch(
+        /^Cannot register dataset "m": its indexes need at least 572\.2 MiB of memory \(6000\d+ bytes: .*50000000 samples.*\), more than the [\d.]+ MiB left of --dataset-index-bytes 4 MiB \([\d.]+ KiB of it taken by the 1 dataset registered, "m"'s current version among them until it is replaced\); ask for fewer num_samples.*, or raise --dataset-index-bytes$/,
+      );
+      // A long seq_length over this small corpus: ~4 700 epochs of its 2 000 documents, a 36 MiB document index.
+      const long = await put("m", reg(2000, { seq_length: 1_000_000 }), ADMIN, s.url);
+      expect(long.status).toBe(400);
+      expect((await long.json()).message).toMatch(/its indexes need ~3\d\.\d MiB of memory .* of document index \(\d+ entries, up to \d{4} epochs.*a shorter seq_length/);
+      // A blend of 60 copies of the file: each source reads and parses its own .idx.
+      const blend = await put("m", reg(1000, { sources: Array.from({ length: 60 }, () => ({ prefix: "data/mem/a", weight: 1 })) }), ADMIN, s.url);
+      expect(blend.status).toBe(400);
+      expect((await blend.json()).message).toMatch(/use fewer sources/);
+      expect(await builds(s)).toBe(before); // nothing was built
+      // The version before serves on, and the refusals hold no memory: a registration that fits replaces it.
+      expect((await (await fetch(`${s.url}/v1/datasets/m`)).json()).numSamples).toBe(1000);
+      expect((await fetch(`${s.url}/v1/datasets/m/samples?start=999&count=1`)).status).toBe(200);
+      expect((await put("m", reg(2000), ADMIN, s.url)).status).toBe(200);
+      expect((await (await fetch(`${s.url}/v1/datasets/m`)).json()).numSamples).toBe(2000);
+    } finally {
+      await s.close();
+    }
+  });
+
+  it("refuses a rebuild over the bound when a dataset's files grow, and serves the version before, saying why", async () => {
+    await putSyntheticDataset(ws, "mem/grow", 2000, 20, 400, 6);
+    const s = await startServer(ws, ["--admin-token", ADMIN, "--dataset-index-bytes", "4MiB"]);
+    try {
+      expect((await put("g", { ...reg(1000), sources: [{ prefix: "data/mem/grow" }] }, ADMIN, s.url)).status).toBe(201);
+      const want = new Uint8Array(await (await fetch(`${s.url}/v1/datasets/g/samples?start=0&count=8`)).arrayBuffer());
+      // 30 times the corpus: its whole epoch of samples and its .idx need ~7 MiB.
+      const { idx, bin } = syntheticDataset(60_000, 20, 400, 7);
+      const { rename } = await import("node:fs/promises");
+      await writeFile(join(ws.origin, "mem/grow.bin.tmp"), bin);
+      await writeFile(join(ws.origin, "mem/grow.idx.tmp"), idx);
+      await rename(join(ws.origin, "mem/grow.bin.tmp"), join(ws.origin, "mem/grow.bin"));
+      await rename(join(ws.origin, "mem/grow.idx.tmp"), join(ws.origin, "mem/grow.idx"));
+      let why: string | null = null;
+      await waitFor(async () => (why = (await (await fetch(`${s.url}/v1/datasets/g`)).json()).rebuildError) !== null, "the refused rebuild to be reported", 20_000);
+      expect(why).toMatch(/^Cannot rebuild \(its files changed\) dataset "g": its indexes need ~[\d.]+ MiB of memory .* left of --dataset-index-bytes 4 MiB/);
+      // Its old .bin is gone: blocks still in memory serve the old version (503 where they are not), never the new files.
+      const res = await fetch(`${s.url}/v1/datasets/g/samples?start=0&count=8`);
+      if (res.status === 200) expectSameBytes(new Uint8Array(await res.arrayBuffer()), want);
+      else expect(res.status).toBe(503);
+      expect((await (await fetch(`${s.url}/v1/datasets/g`)).json()).numSamples).toBe(1000);
+    } finally {
+      await s.close();
+    }
+  });
+
+  it("holds the bound for all registered datasets together, the current version of one being replaced included", async () => {
+    await putSyntheticDataset(ws, "mem/a", 2000, 20, 400, 6);
+    const one = estimate(reg(100_000)); // ~1.4 MiB
+    const bound = Math.floor((2.5 * one) / 1024); // two fit, not three
+    const s = await startServer(ws, ["--admin-token", ADMIN, "--dataset-index-bytes", `${bound}KiB`]);
+    try {
+      expect((await put("a", reg(100_000), ADMIN, s.url)).status).toBe(201);
+      expect((await put("b", reg(100_000), ADMIN, s.url)).status).toBe(201);
+      const third = await put("c", reg(100_000), ADMIN, s.url);
+      expect(third.status).toBe(400);
+      expect((await third.json()).message).toMatch(/left of --dataset-index-bytes [\d.]+ MiB \([\d.]+ MiB of it taken by the 2 datasets registered\)/);
+      // Replacing "b" with as large a version needs room for both while the new one is built.
+      const same = await put("b", reg(100_000, { seed: 4 }), ADMIN, s.url);
+      expect(same.status).toBe(400);
+      expect((await same.json()).message).toMatch(/"b"'s current version among them until it is replaced/);
+      expect((await put("b", reg(1000), ADMIN, s.url)).status).toBe(200); // a smaller one fits beside it
+      expect((await put("c", reg(100_000), ADMIN, s.url)).status).toBe(201); // and then the third fits
+      expect((await (await fetch(`${s.url}/v1/datasets`)).json()).datasets.sort()).toEqual(["a", "b", "c"]);
+    } finally {
+      await s.close();
+    }
   });
 });

@@ -8,7 +8,7 @@ import type { ClientGone, WhenDone } from "../../runtime/listener.ts";
 import type { DatasetCatalog, RegisteredDataset } from "../../batch/dataset-catalog.ts";
 import type { BatchStats } from "../../batch/batch-stats.ts";
 import type { ReadAhead } from "../../batch/read-ahead.ts";
-import { fullSteps, stepSamples } from "../../batch/steps.ts";
+import { fullSteps, MAX_MICRO_BATCH, MAX_WORLD, stepSamples } from "../../batch/steps.ts";
 import type { BlockCache } from "../../cache/block-cache.ts";
 import { badRequest, RangeNotSatisfiableError } from "../../errors.ts";
 import { bearerAuth } from "../middleware/bearer-auth.ts";
@@ -64,7 +64,7 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     routeDoc("datasets", "Register or replace a Megatron token dataset (admin)", {
       ...ADMIN,
       requestBody: { required: true, content: { "application/json": { schema: { type: "object" } } } },
-      responses: { ...ADMIN.responses, 201: { description: "Registered; the body describes the dataset" }, 409: { description: "Overtaken by a later registration of the same name, which is served" }, ...bodyBound(MAX_REGISTRATION_BYTES) },
+      responses: { ...ADMIN.responses, 200: { description: "Replaced the dataset of that name; the body describes the new version" }, 201: { description: "Registered under a new name; the body describes the dataset" }, 409: { description: "Overtaken by a later registration of the same name, which is served" }, ...bodyBound(MAX_REGISTRATION_BYTES) },
     }),
     bearerAuth({ token: deps.adminToken, required: true, role: "admin" }),
     deps.requestBodies.limit(MAX_REGISTRATION_BYTES, `Dataset registration too large: at most ${MAX_REGISTRATION_BYTES} bytes of JSON`),
@@ -75,9 +75,10 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
       } catch (e) {
         throw badRequest(`Cannot parse the registration as JSON: ${(e as Error).message}`);
       }
-      const existed = deps.catalog.names().includes(c.req.param("name"));
-      const reg = await deps.catalog.register(c.req.param("name"), body);
-      return c.json(describe(reg), existed ? 200 : 201);
+      // 200 or 201 as the catalog tells it when the name is taken: whether the name existed when
+      // this request started says nothing once another registration of it lands meanwhile.
+      const { registered, replaced } = await deps.catalog.register(c.req.param("name"), body);
+      return c.json(describe(registered), replaced ? 200 : 201);
     },
   );
 
@@ -121,9 +122,9 @@ export function datasetRoutes(app: Hono, deps: DatasetRoutesDeps): void {
     const step = Number(stepText);
     // Parsed once: each c.req.queries(name) scans the whole query again (~3 % of Deno's time per batch).
     const q = c.req.queries();
-    const world = intParam(q, "world", 1, 1 << 20, 1);
+    const world = intParam(q, "world", 1, MAX_WORLD, 1);
     const rank = intParam(q, "rank", 0, world - 1, 0);
-    const microBatch = intParam(q, "micro_batch", 1, 1 << 20, undefined);
+    const microBatch = intParam(q, "micro_batch", 1, MAX_MICRO_BATCH, undefined);
     // Full steps only, for every rank alike: a last, partial step would give some ranks a batch
     // and others a 416 (the shm path and the SDK end the epoch there too).
     const steps = fullSteps(reg.dataset.numSamples, world, microBatch);
