@@ -5,6 +5,7 @@ import * as http from "node:http";
 import * as http2 from "node:http2";
 import type { Http2Session } from "node:http2";
 import * as net from "node:net";
+import type { Duplex } from "node:stream";
 import * as fs from "node:fs";
 import { availableParallelism } from "node:os";
 import { readFileSync } from "node:fs";
@@ -85,6 +86,7 @@ export function listenNode(
   // Idle keep-alive connections are closed after this (node:http's default, or the idle time if shorter).
   const keepAliveMs = Math.min(idleMs, H1_KEEP_ALIVE_MS);
   const h1 = http.createServer({ keepAliveTimeout: keepAliveMs }, listener);
+  h1.on("clientError", answerClientError);
   // h1 gets its connections from the port-sharing server below and never listens itself, so
   // its connection tracking (idle keep-alive sockets closed at shutdown, header and request
   // timeouts) is started here as `listen` would start it.
@@ -265,6 +267,35 @@ function closeWhenIdle(s: Http2Session, idleMs: number): void {
     });
   });
   s.once("close", () => clearTimeout(timer));
+}
+
+/** Statuses of the requests node:http cannot parse, by its error code (400 for every other). */
+const CLIENT_ERROR_STATUS: Record<string, readonly [number, string, string]> = {
+  HPE_HEADER_OVERFLOW: [431, "Request Header Fields Too Large", "HEADERS_TOO_LARGE"],
+  ERR_HTTP_REQUEST_TIMEOUT: [408, "Request Timeout", "REQUEST_TIMEOUT"],
+};
+
+/**
+ * Answers a cleartext HTTP/1.1 request node:http's parser refused (a lowercase or unknown method, a
+ * control character in the target, headers past 16 KiB, a request that took too long) with a
+ * status and a JSON body that says what was wrong, as every other refusal has: node:http's own
+ * answer was an empty 400. A connection already answering, or gone, is only closed.
+ */
+function answerClientError(err: Error & { code?: string; reason?: string }, socket: Duplex): void {
+  const answering = (socket as { _httpMessage?: { headersSent?: boolean } })._httpMessage?.headersSent === true;
+  if (err.code === "ECONNRESET" || !socket.writable || answering) {
+    socket.destroy();
+    return;
+  }
+  const [status, reason, code] = CLIENT_ERROR_STATUS[err.code ?? ""] ?? [400, "Bad Request", "BAD_REQUEST"];
+  const what = err.reason ?? err.message;
+  const body = JSON.stringify({
+    error: code,
+    message: status === 408
+      ? "The request did not arrive whole in time: send its head and body without pausing"
+      : `Cannot parse the request (${what}${err.code ? `, ${err.code}` : ""}): expected HTTP/1.1 with an upper-case method, a target without control characters and headers under 16 KiB`,
+  });
+  socket.end(`HTTP/1.1 ${status} ${reason}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
 }
 
 /**

@@ -17,6 +17,11 @@ afterAll(async () => {
 
 /** GET /healthz over HTTP/1.1 with this Host header (none: no header); status and body. */
 function withHost(host: string | undefined): Promise<{ status: number; body: string }> {
+  return raw(`GET /healthz HTTP/1.1\r\n${host === undefined ? "" : `Host: ${host}\r\n`}Connection: close\r\n\r\n`);
+}
+
+/** Sends `request` as it is on a new connection; the status and body of the answer. */
+function raw(request: string): Promise<{ status: number; body: string }> {
   const { port } = new URL(rf.url);
   return new Promise((resolve, reject) => {
     const sock = connect({ host: "127.0.0.1", port: Number(port) });
@@ -28,7 +33,7 @@ function withHost(host: string | undefined): Promise<{ status: number; body: str
       const text = Buffer.concat(chunks).toString("utf8");
       resolve({ status: Number(/^HTTP\/1\.[01] (\d{3})/.exec(text)?.[1] ?? 0), body: text.slice(text.indexOf("\r\n\r\n") + 4) });
     });
-    sock.write(`GET /healthz HTTP/1.1\r\n${host === undefined ? "" : `Host: ${host}\r\n`}Connection: close\r\n\r\n`);
+    sock.write(request);
   });
 }
 
@@ -65,5 +70,24 @@ describe("Host headers on Node", () => {
       expect(body.error, host).toBe("BAD_REQUEST");
       expect(body.message, host).toMatch(/Host/);
     }
+  });
+});
+
+describe("Requests Node's HTTP/1.1 parser refuses", () => {
+  it("answers them with a status and a JSON body that says why, not node:http's empty 400", async () => {
+    for (const [request, status, why] of [
+      ["get /healthz HTTP/1.1\r\nHost: a\r\n\r\n", 400, /Invalid method/],
+      ["FETCH /healthz HTTP/1.1\r\nHost: a\r\n\r\n", 400, /Invalid method/],
+      ["GET /\x01 HTTP/1.1\r\nHost: a\r\n\r\n", 400, /Invalid char in url/],
+      ["GET /healthz HTTP/9.9\r\nHost: a\r\n\r\n", 400, /Invalid HTTP version/],
+      [`GET /healthz HTTP/1.1\r\nHost: a\r\nX-Big: ${"a".repeat(20_000)}\r\n\r\n`, 431, /Header overflow/],
+    ] as const) {
+      const r = await raw(request);
+      expect(r.status, request.slice(0, 30)).toBe(status);
+      const body = JSON.parse(r.body) as { error: string; message: string };
+      expect(body.error).toBe(status === 431 ? "HEADERS_TOO_LARGE" : "BAD_REQUEST");
+      expect(body.message).toMatch(why);
+    }
+    expect((await withHost("a")).status).toBe(200); // the server goes on
   });
 });
