@@ -82,7 +82,7 @@ describe("FsOrigin deadlines", () => {
 });
 
 describe("FsOrigin versions", () => {
-  it("versions an object by inode, size and its modification time in whole milliseconds, as Deno reads it (test/runtime/deno/server.test.ts checks the same there)", async () => {
+  it("versions an object by inode, size, its modification time in whole milliseconds and its change time in whole seconds, as Deno reads them (test/runtime/deno/server.test.ts checks the same there)", async () => {
     const path = join(dir, "versioned.bin");
     writeFileSync(path, Buffer.alloc(1000, 1));
     // A time with microseconds: Node's stat gives them, Deno's does not.
@@ -90,9 +90,26 @@ describe("FsOrigin versions", () => {
     const st = statSync(path);
     expect(st.mtimeMs % 1).not.toBe(0);
     const info = await new FsOrigin({ name: "data", root: dir }).stat("versioned.bin");
-    const version = `${st.ino.toString(36)}-${(1000).toString(36)}-${(1_700_000_000_123 * 1000).toString(36)}`;
+    const version = `${st.ino.toString(36)}-${(1000).toString(36)}-${(1_700_000_000_123 * 1000).toString(36)}-${Math.floor(st.ctimeMs / 1000).toString(36)}`;
     expect(info.version).toBe(version);
     expect(info.etag).toBe(`"${version}"`);
+  });
+
+  it("gives a file rewritten in place at its size a new version even when its modification time is set back (cp -p, rsync -t --inplace)", async () => {
+    const path = join(dir, "restored.bin");
+    writeFileSync(path, Buffer.alloc(1000, 1));
+    utimesSync(path, 1_600_000_000, 1_600_000_000);
+    const origin = new FsOrigin({ name: "data", root: dir });
+    const before = await origin.stat("restored.bin");
+    // Change time counts in seconds: rewrite in the next one.
+    const second = Math.floor(Date.now() / 1000);
+    while (Math.floor(Date.now() / 1000) === second) await new Promise((r) => setTimeout(r, 20));
+    writeFileSync(path, Buffer.alloc(1000, 2));
+    utimesSync(path, 1_600_000_000, 1_600_000_000);
+    expect(statSync(path).mtimeMs).toBe(1_600_000_000_000);
+    const after = await origin.stat("restored.bin");
+    expect(after.size).toBe(before.size);
+    expect(after.version).not.toBe(before.version);
   });
 });
 
