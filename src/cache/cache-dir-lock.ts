@@ -151,6 +151,12 @@ export class CacheDirLock {
       try {
         held = await lockFile(path);
       } catch (e) {
+        // A directory this process may not write is no lock problem: said as what it is (the
+        // pid lock would fail on it too, with a message about locking).
+        const code = (e as NodeJS.ErrnoException).code;
+        if (code === "EACCES" || code === "EPERM" || code === "EROFS") {
+          throw new Error(`Cannot write the cache directory ${this.#dir} (${code}): run as a user that may write it, or give another --cache-dir`, { cause: e });
+        }
         // A file system without flock (NFSv3 without lockd: ENOLCK) still has files: lock by pid there.
         this.#onError(`Cannot flock ${path}; locking the cache directory by pid instead`, e);
         return await this.#lockByPid(path, mine, owner);

@@ -33,7 +33,8 @@ export async function makeDirs(path: string): Promise<void> {
   for (const p of missing.reverse()) {
     await mkdir(p).catch((e) => {
       // Made meanwhile by someone else is fine; a file of that name is not (as with `recursive`).
-      if ((e as { code?: string }).code !== "EEXIST" || (p === path && !fs.statSync(p).isDirectory())) throw e;
+      if ((e as { code?: string }).code !== "EEXIST") throw e;
+      if (!fs.statSync(p).isDirectory()) throw Object.assign(new Error(`${p} is a file, not a directory`), { code: "ENOTDIR", cause: e });
     });
   }
 }

@@ -19,10 +19,10 @@ describe.each([
     expect(existsSync(join(deep, "kept"))).toBe(true);
   });
 
-  it("refuses a path that is a file, or under one", async () => {
+  it("refuses a path that is a file, or under one, saying so", async () => {
     const file = join(root, `${name}-file`);
     writeFileSync(file, "x");
-    await expect(make(file)).rejects.toMatchObject({ code: "EEXIST" });
+    await expect(make(file)).rejects.toMatchObject({ code: "ENOTDIR", message: `${file} is a file, not a directory` });
     await expect(make(join(file, "sub"))).rejects.toMatchObject({ code: "ENOTDIR" });
   });
 
