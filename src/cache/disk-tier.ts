@@ -7,7 +7,8 @@
 
 import { createHash, randomBytes } from "node:crypto";
 import { crc32 } from "node:zlib";
-import { mkdir, open, readdir, rename, rm, statfs, unlink } from "node:fs/promises";
+import { constants } from "node:fs";
+import { type FileHandle, mkdir, open, readdir, rename, rm, statfs, unlink } from "node:fs/promises";
 import { type CacheDirOwner, CacheDirLock } from "./cache-dir-lock.ts";
 
 // Format 2 checks payloads with CRC-32 (zlib's, SIMD: 3–7 GB/s here) instead of format 1's
@@ -74,6 +75,15 @@ const RECHECK_MS = 60_000;
 /** Space left free for the file system's other users (logs, temporary files): 2 % of it, at most this. */
 const HEADROOM_MAX = 256 * 2 ** 20;
 
+/**
+ * How block files are opened for reading. A FIFO where a block file should be would block a
+ * plain open for ever (start-up hung, silently, rebuilding the index); O_NONBLOCK opens it at
+ * once, and the regular-file check after fstat refuses it. A symlink is refused (ELOOP) rather
+ * than followed to whatever file it names. Both runtimes pass these through node:fs (Deno's
+ * compat included) and neither changes anything for a regular file.
+ */
+const BLOCK_OPEN_FLAGS = constants.O_RDONLY | constants.O_NONBLOCK | constants.O_NOFOLLOW;
+
 /** Block-file headers read at once while the index is rebuilt at start-up. */
 const REBUILD_READS = 32;
 
@@ -120,6 +130,8 @@ export class DiskTier {
   #reserved = 0;
   /** Bytes of temporary block files written whole and not yet renamed into place (or removed). */
   #landed = 0;
+  /** Bytes of writes whose payload is being written (the temporary file open, the writev not yet back). */
+  #writing = 0;
   #evictions = 0;
   #writes = 0;
   #writesSkipped = 0;
@@ -183,11 +195,28 @@ export class DiskTier {
     await mkdir(`${this.#dir}/tmp`, { recursive: true });
     await mkdir(`${this.#dir}/blocks`, { recursive: true });
     const paths: string[] = [];
-    for (const sub of await readdir(`${this.#dir}/blocks`)) {
+    for (const sub of await readdir(`${this.#dir}/blocks`, { withFileTypes: true })) {
+      if (!sub.isDirectory()) continue;
+      let names;
       try {
-        for (const name of await readdir(`${this.#dir}/blocks/${sub}`)) paths.push(`${this.#dir}/blocks/${sub}/${name}`);
+        names = await readdir(`${this.#dir}/blocks/${sub.name}`, { withFileTypes: true });
       } catch {
         continue;
+      }
+      for (const f of names) {
+        const path = `${this.#dir}/blocks/${sub.name}/${f.name}`;
+        if (f.isFile()) {
+          paths.push(path);
+        } else if (f.isDirectory()) {
+          // Never ours to remove (it may hold someone's files); it only shadows one block's path.
+          this.#onError(`Left directory ${path} in place: not a block file`, undefined);
+        } else {
+          // A FIFO, socket, device or symlink: never a block file, and opening one could block
+          // (a FIFO without a writer) or read some other file (a symlink). Removed like a corrupt block.
+          this.#corrupt++;
+          this.#onError(`Removed ${path}: not a regular file, so not a block file`, undefined);
+          await unlink(path).catch(() => {});
+        }
       }
     }
     // Headers are read REBUILD_READS at a time: one by one, a 2 TiB tier of 8 MiB blocks took
@@ -198,7 +227,11 @@ export class DiskTier {
       while (next < paths.length) {
         const path = paths[next++];
         const got = await readHeaderOf(path).catch(() => undefined);
-        if (!got) {
+        // A file must sit at its own key's path: one copied or renamed over another block's
+        // path would otherwise be indexed as well as (and counted twice with) its key's own file,
+        // and, overwritten in the index, never evicted or removed until a restart. Being the
+        // key's one path, this also allows one file per key.
+        if (!got || path !== this.#blockPath(blockName(got.key))) {
           this.#corrupt++;
           await unlink(path).catch(() => {});
           continue;
@@ -213,6 +246,11 @@ export class DiskTier {
       this.#bytes += f.entry.fileBytes;
     }
     await this.#evictUntil(0);
+  }
+
+  /** Where the block file named `name` (see `blockName`) lives. */
+  #blockPath(name: string): string {
+    return `${this.#dir}/blocks/${name.slice(0, 2)}/${name}.blk`;
   }
 
   /** True when a block file for `key` is indexed. */
@@ -245,9 +283,11 @@ export class DiskTier {
     this.#index.set(key, entry);
     let file: Uint8Array;
     try {
-      const fh = await open(entry.path, "r");
+      const fh = await open(entry.path, BLOCK_OPEN_FLAGS);
       try {
-        const size = (await fh.stat()).size;
+        const st = await fh.stat();
+        if (!st.isFile()) throw Object.assign(new Error(`Not a regular file: ${entry.path}`), { code: "EFTYPE" });
+        const size = st.size;
         file = new Uint8Array(size);
         let done = 0;
         while (done < size) {
@@ -294,7 +334,10 @@ export class DiskTier {
     this.#recheckRoom();
     const keyBytes = new TextEncoder().encode(key);
     const fileBytes = FIXED_HEADER + keyBytes.length + payload.length;
-    if (fileBytes > this.#maxBytes || this.#pending.size >= this.#maxPending || keyBytes.length > 4096) {
+    // The writes in flight hold their reservations until they end, and evicting can free only
+    // what is indexed: a write that does not fit beside them would take the tier over its
+    // budget, and on a nearly full disk fail for want of room, cutting the budget for nothing.
+    if (fileBytes + this.#reserved > this.#maxBytes || this.#pending.size >= this.#maxPending || keyBytes.length > 4096) {
       this.#writesSkipped++;
       return false;
     }
@@ -310,6 +353,8 @@ export class DiskTier {
    */
   async writeAndWait(key: string, payload: Uint8Array): Promise<boolean> {
     this.#recheckRoom();
+    const keyBytes = new TextEncoder().encode(key);
+    const fileBytes = FIXED_HEADER + keyBytes.length + payload.length;
     for (;;) {
       if (this.#index.has(key)) return true;
       const pending = this.#pending.get(key);
@@ -317,11 +362,12 @@ export class DiskTier {
         await pending;
         return this.#index.has(key);
       }
-      if (this.#pending.size < Math.max(1, this.#maxPending)) break;
+      // A slot, and room in the budget beside the writes in flight (see write()); with none in
+      // flight it goes ahead, and the budget alone decides below.
+      if (this.#pending.size === 0) break;
+      if (this.#pending.size < this.#maxPending && fileBytes + this.#reserved <= this.#maxBytes) break;
       await Promise.race(this.#pending.values());
     }
-    const keyBytes = new TextEncoder().encode(key);
-    const fileBytes = FIXED_HEADER + keyBytes.length + payload.length;
     if (fileBytes > this.#maxBytes || keyBytes.length > 4096) return false;
     const p = this.#write(key, keyBytes, payload, fileBytes).finally(() => this.#pending.delete(key));
     this.#pending.set(key, p);
@@ -330,22 +376,35 @@ export class DiskTier {
   }
 
   async #write(key: string, keyBytes: Uint8Array, payload: Uint8Array, fileBytes: number): Promise<void> {
-    // Reserve the space first so that concurrent writes cannot together overshoot the budget.
+    // Reserve the space first (synchronously, in the caller's turn) so that concurrent writes
+    // cannot together overshoot the budget.
     this.#reserved += fileBytes;
-    let failed = false;
+    let writing = false;
     let landed = false;
-    const name = createHash("sha256").update(keyBytes).digest("hex");
-    const path = `${this.#dir}/blocks/${name.slice(0, 2)}/${name}.blk`;
+    let stored = false;
+    let error: unknown;
+    let fh: FileHandle | undefined;
+    const name = blockName(keyBytes);
+    const path = this.#blockPath(name);
     const tmp = `${this.#dir}/tmp/${name}.${randomBytes(6).toString("hex")}.tmp`;
     try {
-      await this.#evictUntil(0);
-      const header = encodeHeader(keyBytes, payload);
-      const fh = await open(tmp, "wx").catch(async (e) => {
+      fh = await open(tmp, "wx").catch(async (e) => {
         if ((e as { code?: string }).code !== "ENOENT") throw e;
         await mkdir(`${this.#dir}/tmp`, { recursive: true }); // removed under us: recreate, once
         return await open(tmp, "wx");
       });
-      try {
+      // Evict only once the temporary file is open: in a directory that cannot be written (a
+      // read-only remount, a failing disk) the unlinks fail too, and evicting first dropped good
+      // blocks from the index, for every failed write, while their files stayed.
+      await this.#evictUntil(0);
+      if (this.#bytes + this.#reserved > this.#maxBytes) {
+        // The budget was cut since this write was admitted (a full disk) or a block would not
+        // go: no room even after evicting, so the block stays memory-only.
+        this.#writesSkipped++;
+      } else {
+        const header = encodeHeader(keyBytes, payload);
+        this.#writing += fileBytes;
+        writing = true;
         // writev may write less (a full disk); a short file would be renamed into place and then
         // fail its check on every read, so it is refused here as the write error it is.
         const { bytesWritten } = await fh.writev([header, payload]);
@@ -353,46 +412,51 @@ export class DiskTier {
           // Only a full file system stops a write to a regular file short.
           throw Object.assign(new Error(`Short write: ${bytesWritten} of ${header.length + payload.length} bytes`), { code: "ENOSPC" });
         }
+        this.#writing -= fileBytes;
+        writing = false;
         this.#landed += fileBytes;
         landed = true;
-      } finally {
-        await fh.close();
+        const done = fh;
+        fh = undefined;
+        await done.close();
+        await mkdir(`${this.#dir}/blocks/${name.slice(0, 2)}`, { recursive: true });
+        // rename() is atomic: a reader sees either no file or the whole block.
+        await rename(tmp, path);
+        this.#index.set(key, { path, fileBytes });
+        this.#bytes += fileBytes;
+        this.#landed -= fileBytes;
+        landed = false;
+        this.#writes++;
+        stored = true;
       }
-      await mkdir(`${this.#dir}/blocks/${name.slice(0, 2)}`, { recursive: true });
-      // rename() is atomic: a reader sees either no file or the whole block.
-      await rename(tmp, path);
-      this.#index.set(key, { path, fileBytes });
-      this.#bytes += fileBytes;
-      this.#landed -= fileBytes;
-      landed = false;
-      this.#writes++;
     } catch (e) {
       this.#writeErrors++;
-      await unlink(tmp).catch(() => {});
-      if (landed) this.#landed -= fileBytes;
-      landed = false;
-      // The reservation goes before the fit below, which counts the bytes held, not hoped for.
-      this.#reserved -= fileBytes;
-      failed = true;
-      if ((e as { code?: string }).code === "ENOSPC") {
+      error = e;
+    }
+    // The bytes this write counted go before the fit below, which counts the bytes held, landed
+    // and being written by the others, not this one's.
+    if (writing) this.#writing -= fileBytes;
+    if (landed) this.#landed -= fileBytes;
+    await fh?.close().catch(() => {});
+    if (!stored) await unlink(tmp).catch(() => {});
+    this.#reserved -= fileBytes;
+    if (error !== undefined) {
+      if ((error as { code?: string }).code === "ENOSPC") {
         // The file system holds less than the budget (a smaller disk, or others filled it): the
         // budget comes down to what fits, so the tier goes on as an LRU of that size instead of
         // failing every write while it keeps its oldest blocks for ever.
         await this.#fitToDisk(true);
       } else {
-        this.#reportWriteError(path, e);
+        this.#reportWriteError(`Cannot write block file ${path}`, error);
       }
-    } finally {
-      if (!failed) this.#reserved -= fileBytes;
     }
     // Only a write that stored its block can have taken the tier over its budget (one cut
     // meanwhile); a failed one must not evict for the reservations of others in flight.
-    if (failed) return;
-    await this.#evictUntil(0);
+    if (stored) await this.#evictUntil(0);
   }
 
   /** A failing disk fails every write: the first is reported, then one a minute with the count. */
-  #reportWriteError(path: string, e: unknown): void {
+  #reportWriteError(message: string, e: unknown): void {
     const now = this.#now();
     if (now - this.#errorReportedAt < RECHECK_MS) {
       this.#errorsUnreported++;
@@ -401,7 +465,7 @@ export class DiskTier {
     const more = this.#errorsUnreported > 0 ? ` (and ${this.#errorsUnreported} more write errors since the last report)` : "";
     this.#errorReportedAt = now;
     this.#errorsUnreported = 0;
-    this.#onError(`Cannot write block file ${path}${more}`, e);
+    this.#onError(`${message}${more}`, e);
   }
 
   /** While the budget is cut, looks again (at most once a minute) whether the file system has room for more. */
@@ -427,8 +491,8 @@ export class DiskTier {
   /**
    * The budget becomes the block files we have plus the file system's free space, less headroom
    * for its other users, never more than configured; after a full disk, no more than the bytes
-   * held. Where the file system cannot be asked (Deno without --allow-sys), a full disk keeps the
-   * budget at the bytes held. A change is reported; while the budget is cut, a timer looks again
+   * held (and being written). Where the file system cannot be asked (Deno without --allow-sys), a
+   * full disk keeps the budget at the bytes held. A change is reported; while the budget is cut, a timer looks again
    * every minute, so an idle server's budget (and the prefetch jobs it accepts) grows back too.
    */
   async #fit(): Promise<void> {
@@ -454,7 +518,13 @@ export class DiskTier {
     // not below. A full disk reads as no free space at all (often less than the headroom: writes
     // half done in the same burst take what was left), which would otherwise cost a block for
     // every burst of failed writes; the next routine check restores the headroom.
-    if (full) room = this.#bytes + this.#landed;
+    //
+    // Writes of the same burst still in their writev count as held too: their bytes are mostly
+    // on disk already, and they land after this cut. Cut below them, each evicted a block as it
+    // landed (with the budget at 0, everything: a burst of 8 writes into 4 MiB free left the tier
+    // empty and the space free). The free space the file system reports is not added: an ENOSPC
+    // with bytes free (no inodes left) is cured by evicting, and a routine check adds it back.
+    if (full) room = this.#bytes + this.#landed + this.#writing;
     const budget = Math.min(this.#configuredBytes, room);
     const before = this.#maxBytes;
     this.#maxBytes = budget;
@@ -483,16 +553,30 @@ export class DiskTier {
   }
 
   async #evictUntil(extra: number): Promise<void> {
-    const doomed: Entry[] = [];
+    const doomed: [string, Entry][] = [];
     for (const [key, entry] of this.#index) {
       if (this.#bytes + this.#reserved + extra <= this.#maxBytes) break;
       this.#drop(key, entry);
       this.#evictions++;
-      doomed.push(entry);
+      doomed.push([key, entry]);
     }
     // Unlink after leaving the index: a reader holding an open descriptor still reads the
     // whole old file, and a new reader no longer finds it.
-    await Promise.all(doomed.map((e) => unlink(e.path).catch(() => {})));
+    await Promise.all(doomed.map(([key, entry]) =>
+      unlink(entry.path).catch((e) => {
+        if ((e as { code?: string }).code === "ENOENT") return;
+        // The file stays (a read-only or failing directory), so its entry comes back: dropped,
+        // its bytes would be on disk, uncounted and never evicted, until a restart. It comes
+        // back as the most recently used, so the next eviction tries other blocks first rather
+        // than fail on this one every time.
+        this.#evictions--;
+        if (!this.#index.has(key)) {
+          this.#index.set(key, entry);
+          this.#bytes += entry.fileBytes;
+        }
+        this.#reportWriteError(`Cannot remove block file ${entry.path}`, e);
+      })
+    ));
   }
 
   #drop(key: string, entry: Entry): void {
@@ -531,6 +615,11 @@ export class DiskTier {
 /** Bytes as MiB for messages. */
 function mib(bytes: number): string {
   return `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+}
+
+/** A block file's name: the SHA-256 of its key (the same for the key's string and its UTF-8 bytes). */
+function blockName(key: string | Uint8Array): string {
+  return createHash("sha256").update(key).digest("hex");
 }
 
 function encodeHeader(keyBytes: Uint8Array, payload: Uint8Array): Uint8Array {
@@ -574,9 +663,10 @@ function parseHeader(
 }
 
 async function readHeaderOf(path: string): Promise<{ key: string; fileBytes: number; mtime: number } | undefined> {
-  const fh = await open(path, "r");
+  const fh = await open(path, BLOCK_OPEN_FLAGS);
   try {
     const st = await fh.stat();
+    if (!st.isFile()) return undefined;
     const head = new Uint8Array(Math.min(st.size, MAX_HEADER));
     await fh.read(head, 0, head.length, 0);
     const h = parseHeader(head, st.size);

@@ -1,4 +1,5 @@
-import { existsSync, readdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { copyFileSync, existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -20,7 +21,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
       if (failTmpOpens && flags === "wx" && String(path).endsWith(".tmp")) {
         return Promise.reject(Object.assign(new Error(`${failTmpOpens}: simulated, open '${path}'`), { code: failTmpOpens }));
       }
-      if (failBlockOpens && flags === "r" && String(path).endsWith(".blk")) {
+      if (failBlockOpens && flags !== "wx" && String(path).endsWith(".blk")) {
         return Promise.reject(Object.assign(new Error(`${failBlockOpens}: simulated, open '${path}'`), { code: failBlockOpens }));
       }
       return (real.open as (...a: unknown[]) => ReturnType<typeof real.open>)(path, flags, ...rest);
@@ -89,6 +90,91 @@ describe("DiskTier read errors", () => {
     expect(tier.stats()).toMatchObject({ bytes: 0, blocks: 0 });
     expect(errors).toEqual([]);
     await tier.close();
+  });
+});
+
+/** The regular files under the tier's `blocks/`: how many, and their bytes. */
+function blockFiles(root: string): { files: number; bytes: number } {
+  let files = 0;
+  let bytes = 0;
+  for (const sub of readdirSync(join(root, "blocks"))) {
+    for (const f of readdirSync(join(root, "blocks", sub))) {
+      const st = lstatSync(join(root, "blocks", sub, f));
+      if (st.isFile()) (files++, bytes += st.size);
+    }
+  }
+  return { files, bytes };
+}
+
+/** `p`, or a rejection naming `what` after `ms` (a hang would otherwise only time the test out). */
+function within<T>(p: Promise<T>, what: string, ms = 5000): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  return Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: no answer in ${ms} ms`)), ms)))])
+    .finally(() => clearTimeout(timer));
+}
+
+describe("DiskTier index rebuild at start-up", () => {
+  const key = (i: number) => `data\nc.bin\nv1\n${MiB}\n${i}`;
+
+  it("removes a block file copied over another block's path rather than index its key twice and count its bytes twice", async () => {
+    dir = await mkdtemp(join(tmpdir(), "rackfeed-disk-"));
+    let tier = await DiskTier.open({ dir, maxBytes: 8 * MiB, maxPendingWrites: 8 });
+    for (let i = 0; i < 4; i++) expect(await tier.writeAndWait(key(i), new Uint8Array(MiB).fill(i))).toBe(true);
+    const paths = tier.files();
+    await tier.close();
+    // Block 0's file at block 1's path: its header names key 0, its name is key 1's hash.
+    copyFileSync(paths[0], paths[1]);
+
+    tier = await DiskTier.open({ dir, maxBytes: 8 * MiB, maxPendingWrites: 8 });
+    try {
+      expect(existsSync(paths[1])).toBe(false);
+      expect(tier.stats()).toMatchObject({ blocks: 3, corrupt: 1 });
+      expect(blockFiles(dir)).toEqual({ files: 3, bytes: tier.stats().bytes });
+      expect(tier.has(key(1))).toBe(false);
+      expectSameBytes((await tier.read(key(0)))!, new Uint8Array(MiB).fill(0), "block 0");
+    } finally {
+      await tier.close();
+    }
+  });
+
+  it("starts with a FIFO, a symlink and a directory where block files should be: removes the first two, leaves and reports the directory, serves the rest", async () => {
+    dir = await mkdtemp(join(tmpdir(), "rackfeed-disk-"));
+    let tier = await DiskTier.open({ dir, maxBytes: 8 * MiB, maxPendingWrites: 8 });
+    for (let i = 0; i < 4; i++) expect(await tier.writeAndWait(key(i), new Uint8Array(MiB).fill(i))).toBe(true);
+    const paths = tier.files();
+    await tier.close();
+    rmSync(paths[1]);
+    execFileSync("mkfifo", [paths[1]]); // a plain open for reading blocks until a writer comes: for ever
+    rmSync(paths[2]);
+    symlinkSync(paths[0], paths[2]); // a valid block file, but key 0's, reached through key 2's path
+    rmSync(paths[3]);
+    mkdirSync(paths[3]);
+
+    const errors: string[] = [];
+    tier = await within(DiskTier.open({ dir, maxBytes: 8 * MiB, maxPendingWrites: 8, onError: (m) => errors.push(m) }), "DiskTier.open");
+    try {
+      expect(existsSync(paths[1])).toBe(false);
+      expect(() => lstatSync(paths[2])).toThrow(/ENOENT/);
+      expect(lstatSync(paths[3]).isDirectory()).toBe(true);
+      expect(errors).toEqual(expect.arrayContaining([
+        `Removed ${paths[1]}: not a regular file, so not a block file`,
+        `Removed ${paths[2]}: not a regular file, so not a block file`,
+        `Left directory ${paths[3]} in place: not a block file`,
+      ]));
+      expect(tier.stats()).toMatchObject({ blocks: 1, corrupt: 2 });
+      expect(blockFiles(dir)).toEqual({ files: 1, bytes: tier.stats().bytes });
+      expectSameBytes((await tier.read(key(0)))!, new Uint8Array(MiB).fill(0), "block 0");
+      // A FIFO that takes an indexed block's place later is refused on read too, not waited on.
+      expect(await tier.writeAndWait(key(5), new Uint8Array(MiB).fill(5))).toBe(true);
+      const five = tier.files().at(-1)!;
+      rmSync(five);
+      execFileSync("mkfifo", [five]);
+      expect(await within(tier.read(key(5)), "read of a FIFO")).toBeUndefined();
+      expect(tier.has(key(5))).toBe(false);
+      expect(existsSync(five)).toBe(false);
+    } finally {
+      await tier.close();
+    }
   });
 });
 

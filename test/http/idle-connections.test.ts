@@ -244,7 +244,7 @@ describe("Node listener: requests a client has stalled", () => {
     // An idle time of its own, longer than a loaded box may hold this process's timers (a
     // CI run beside other work once saw a 300 ms pause in the reading here): what is tested is
     // that progress, however slow, keeps the connection, not how short a pause may be.
-    const steady = await listenNode(async () => new Response(new Uint8Array(size)), { hostname: "127.0.0.1", port: 0 }, undefined, { idleMs: 2000 });
+    const steady = await listenNode(() => new Response(new Uint8Array(size)), { hostname: "127.0.0.1", port: 0 }, undefined, { idleMs: 2000 });
     const steadyPort = Number(new URL(steady.url).port);
     const got = await new Promise<number>((resolve, reject) => {
       let bytes = 0;
