@@ -101,12 +101,14 @@ describe("FsOrigin versions", () => {
     utimesSync(path, 1_600_000_000, 1_600_000_000);
     const origin = new FsOrigin({ name: "data", root: dir });
     const before = await origin.stat("restored.bin");
-    // Change time counts in seconds: rewrite in the next one.
-    const second = Math.floor(Date.now() / 1000);
-    while (Math.floor(Date.now() / 1000) === second) await new Promise((r) => setTimeout(r, 20));
+    // Change time counts in seconds: rewrite in a later one (the kernel's clock for it is coarse,
+    // a few ms behind Date.now(): wait past the boundary by a margin).
+    const changedIn = Math.floor(statSync(path).ctimeMs / 1000);
+    while (Date.now() < (changedIn + 1) * 1000 + 100) await new Promise((r) => setTimeout(r, 20));
     writeFileSync(path, Buffer.alloc(1000, 2));
     utimesSync(path, 1_600_000_000, 1_600_000_000);
     expect(statSync(path).mtimeMs).toBe(1_600_000_000_000);
+    expect(Math.floor(statSync(path).ctimeMs / 1000)).toBeGreaterThan(changedIn);
     const after = await origin.stat("restored.bin");
     expect(after.size).toBe(before.size);
     expect(after.version).not.toBe(before.version);
