@@ -1,4 +1,4 @@
-/** @module An origin on a POSIX or NFS mount: positional reads, version from inode+size+mtime+ctime, never a path outside its root. */
+/** @module An origin on a POSIX or NFS mount: positional reads, version from inode+size+mtime, never a path outside its root. */
 
 import { constants, type Stats } from "node:fs";
 import { open, opendir, realpath, stat } from "node:fs/promises";
@@ -343,18 +343,17 @@ export class FsOrigin implements Origin {
 }
 
 /**
- * An object's size, version and ETag from its stat: inode, size, modification time and change
- * time. The modification time counts in whole milliseconds: Deno's stat gives no finer, and a
- * version that differed by runtime broke If-None-Match and If-Range across a mixed fleet (and
- * cold-started a cache moved between them); it stays in microseconds in the version, as before.
- * The change time (whole seconds: Deno gives no finer) is there because the modification time
- * can be set back: a file rewritten in place at its size by `cp -p` or `rsync -t --inplace` kept
- * its version, and its old blocks were served for good, across restarts too; no call sets ctime.
+ * An object's size, version and ETag from its stat: inode, size and modification time. The
+ * modification time counts in whole milliseconds: Deno's stat gives no finer, and a version that
+ * differed by runtime broke If-None-Match and If-Range across a mixed fleet (and cold-started a
+ * cache moved between them); it stays in microseconds in the version, as before. Not the change
+ * time, although it would catch a rewrite whose mtime was set back (`cp -p`, `rsync -t
+ * --inplace`): a chmod, chown, ACL or hard link changes it too, and each made every cached block
+ * of the file cold and its dataset rebuild, failing batches meanwhile (README "How the cache works").
  */
 function infoOf(st: Stats): ObjectInfo {
   const mtimeUs = Math.floor(st.mtimeMs) * 1000;
-  const ctimeS = Math.floor(st.ctimeMs / 1000);
-  const version = `${st.ino.toString(36)}-${st.size.toString(36)}-${mtimeUs.toString(36)}-${ctimeS.toString(36)}`;
+  const version = `${st.ino.toString(36)}-${st.size.toString(36)}-${mtimeUs.toString(36)}`;
   return { size: st.size, version, etag: `"${version}"`, lastModified: new Date(Math.floor(st.mtimeMs)) };
 }
 
