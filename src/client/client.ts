@@ -83,10 +83,12 @@ export interface PooledFetch {
   (input: string | URL | Request, init?: RequestInit): Promise<Response>;
   /**
    * Called when the attempt made with `signal` (its `init.signal`) took longer than `timeoutMs`:
-   * the connections that attempt used are not used for new requests any more, and closed.
-   * Attempts made since on new connections are not affected.
+   * the connections that attempt used take no new request any more, and close once the requests
+   * on them are over. Attempts made since on new connections are not affected.
    */
   abandonConnections?(signal: AbortSignal): void;
+  /** Closes its connections (called by `RackfeedClient.close()`); a later request opens new ones. */
+  close?(): Promise<void> | void;
 }
 
 /** Consumer of `batches()`. */
@@ -597,11 +599,15 @@ export class RackfeedClient {
   }
 
   /**
-   * Waits for the reports in flight, then sends the rest of the timings. Never rejects: a report
-   * that fails is telemetry's loss, not the caller's error.
+   * Waits for the reports in flight, then sends the rest of the timings, then closes the
+   * connections of its `fetch` where it can (`PooledFetch.close`; a later call opens new ones).
+   * Never rejects: a report that fails is telemetry's loss, not the caller's error.
    */
   async close(): Promise<void> {
     await this.#reports.close();
+    // The fetch's own connections (createClient's): a program that makes a client per epoch
+    // would otherwise keep each one's idle connections open until the server closes them.
+    await Promise.resolve(this.#fetch.close?.()).catch(() => {});
   }
 
   /** Waits `ms`, ended early (rejecting with its reason) by `signal`; an aborted wait leaves no timer behind. */

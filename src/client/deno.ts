@@ -37,18 +37,23 @@ export function createClient(opts: RackfeedClientOptions & { readonly ca?: strin
  */
 function pooledFetch(ca: string | undefined): PooledFetch {
   const makeClient = () => Deno.createHttpClient(ca === undefined ? {} : { caCerts: [ca] });
-  let client = makeClient();
+  let client: Deno.HttpClient | undefined;
   // Which client each attempt went out on: attempts that time out together replace it once.
   const clientOf = new WeakMap<AbortSignal, Deno.HttpClient>();
   const pooled: PooledFetch = (input, init) => {
-    if (init?.signal) clientOf.set(init.signal, client);
-    return fetch(input, { ...init, client } as RequestInit);
+    const own = (client ??= makeClient());
+    if (init?.signal) clientOf.set(init.signal, own);
+    return fetch(input, { ...init, client: own } as RequestInit);
   };
   pooled.abandonConnections = (signal) => {
-    if (clientOf.get(signal) !== client) return;
-    const old = client;
-    client = makeClient();
-    old.close();
+    const old = clientOf.get(signal);
+    if (old === undefined || old !== client) return;
+    client = undefined; // the next request makes a new one
+    old.close(); // requests in flight on it finish (Deno closes its pool, not them)
+  };
+  pooled.close = () => {
+    client?.close();
+    client = undefined;
   };
   return pooled;
 }

@@ -31,36 +31,46 @@ export function createClient(opts: RackfeedClientOptions & { readonly ca?: strin
   return new RackfeedClient({ ...rest, fetch: rest.fetch ?? http2Fetch({ ca }), local: rest.local ?? localTransport() });
 }
 
+/** How long an abandoned agent may wait for its requests to end before it is destroyed (ms). */
+const ABANDONED_GRACE_MS = 10 * 60_000;
+
 /**
  * A `fetch` that negotiates HTTP/2 with HTTPS servers (many streams over one connection).
  *
  * @param opts `ca`: PEM of a private CA or a self-signed server certificate; `connections`: per origin
  * @returns a fetch for `RackfeedClientOptions.fetch`; after a timed-out attempt (`abandonConnections`)
- * it makes new connections, and the old ones are closed
+ * new requests take new connections, and the old ones close once their requests are over;
+ * `close()` closes its connections (a later request opens new ones)
  * @example
  * ```ts
  * const rf = new RackfeedClient({ url: "https://rackfeed.rack7:8443", fetch: http2Fetch({ ca }) });
  * ```
  */
-export function http2Fetch(opts: { ca?: string; connections?: number } = {}): typeof fetch & Required<Pick<PooledFetch, "abandonConnections">> {
+export function http2Fetch(opts: { ca?: string; connections?: number } = {}): typeof fetch & Required<Pick<PooledFetch, "abandonConnections" | "close">> {
   const makeAgent = () => new Agent({ allowH2: true, connections: opts.connections ?? 4, connect: opts.ca ? { ca: opts.ca } : {} });
-  let agent = makeAgent();
+  let agent: Agent | undefined;
   // Which agent each attempt went out on: requests that time out together on one dead
   // connection replace it once, not each the agent the one before them made.
   const agentOf = new WeakMap<AbortSignal, Agent>();
   const pooled = ((input: string | URL | Request, init?: RequestInit) => {
-    if (init?.signal) agentOf.set(init.signal, agent);
-    return undiciFetch(input as string, { ...(init as object), dispatcher: agent });
-  }) as unknown as typeof fetch & Required<Pick<PooledFetch, "abandonConnections">>;
+    const dispatcher = (agent ??= makeAgent());
+    if (init?.signal) agentOf.set(init.signal, dispatcher);
+    return undiciFetch(input as string, { ...(init as object), dispatcher });
+  }) as unknown as typeof fetch & Required<Pick<PooledFetch, "abandonConnections" | "close">>;
   pooled.abandonConnections = (signal) => {
-    if (agentOf.get(signal) !== agent) return;
+    const old = agentOf.get(signal);
+    if (old === undefined || old !== agent) return;
+    agent = undefined; // the next request makes a new agent, with new connections
+    // Closed, not destroyed: requests on its live connections (other streams, other sockets)
+    // finish there; those on the dead one end by their own timeouts, and then it closes. Destroyed
+    // only if that has not happened in a while (a request without a timeout).
+    old.close().catch(() => {});
+    setTimeout(() => old.destroy().catch(() => {}), ABANDONED_GRACE_MS).unref?.();
+  };
+  pooled.close = async () => {
     const old = agent;
-    agent = makeAgent();
-    // Destroyed, not closed: close() waits for the requests on it, and over a dead connection
-    // they end only by their own timeouts. Those still in flight fail now and are retried on
-    // the new agent; requests on live connections of it are asked again, a cost paid only after
-    // a timeout.
-    old.destroy().catch(() => {});
+    agent = undefined;
+    await old?.close();
   };
   return pooled;
 }

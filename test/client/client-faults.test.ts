@@ -1,7 +1,8 @@
 import { readFileSync } from "node:fs";
+import * as http2 from "node:http2";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { RackfeedClient } from "../../src/client/mod.ts";
+import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
 import { http2Fetch } from "../../src/client/node.ts";
 import { type Fault, type FaultProxy, type FaultRule, onceEach, startFaultProxy } from "../helpers/fault-proxy.ts";
 import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
@@ -128,6 +129,32 @@ describe("RackfeedClient under network faults", () => {
       await tls.close();
     }
   }, 30_000);
+
+  it("lets other requests on a connection it gives up after a timeout finish there: only the timed-out one fails", async () => {
+    // An HTTP/2 server where one object never answers and another answers after 700 ms, both on one connection.
+    const { key, cert } = selfSignedCert(ws.dir, "collateral");
+    const server = http2.createSecureServer({ key: readFileSync(key), cert: readFileSync(cert) }, (req, res) => {
+      if (req.url.endsWith("/slow")) return; // never answers
+      setTimeout(() => res.end("fine"), req.url.endsWith("/fine") ? 700 : 0);
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    const url = `https://127.0.0.1:${(server.address() as { port: number }).port}`;
+    const c = new RackfeedClient({ url, fetch: http2Fetch({ ca: readFileSync(cert, "utf8") }), timeoutMs: 1000, retries: 0 });
+    try {
+      await c.readObject("o", "warm"); // the connection is up
+      const slow = c.readObject("o", "slow").then(() => "read", (e) => e);
+      await sleep(600);
+      // In flight on the same connection (from 600 to 1300 ms) when the other times out at 1000 ms.
+      const fine = c.readObject("o", "fine");
+      expect(new TextDecoder().decode(await fine)).toBe("fine");
+      const err = await slow;
+      expect(err).toBeInstanceOf(RackfeedError);
+      expect(err.message).toMatch(/No complete answer in 1000 ms/);
+    } finally {
+      await c.close();
+      server.close();
+    }
+  });
 
   it("ends batches() with the reason of its signal, its requests in flight cancelled", async () => {
     // Every batch after step 0 takes 2 s to come: the caller aborts while it waits for step 1.

@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
@@ -173,6 +173,27 @@ describe("RackfeedClient", () => {
 });
 
 describe("createClient (rackfeed/client/node)", () => {
+  it("close() closes the connections of its fetch (a client made per epoch left them open), and a later call opens new ones", async () => {
+    const { key, cert } = selfSignedCert(ws.dir, "closing");
+    const tls = await startServer(ws, [...args, "--tls-cert", cert, "--tls-key", key, "--shm-dir", "off", "--cache-dir", join(ws.dir, "c-closing")]);
+    const fds = () => readdirSync("/proc/self/fd").length; // server and client both live in this process
+    try {
+      const before = fds();
+      const clients = Array.from({ length: 5 }, () => createClient({ url: tls.url, ca: readFileSync(cert, "utf8") }));
+      for (const c of clients) await c.batch("d", 0, { rank: 0, world: 1, microBatch: 4 });
+      const open = fds();
+      expect(open).toBeGreaterThanOrEqual(before + 10); // a connection each: both of its ends here
+      for (const c of clients) await c.close();
+      await waitFor(() => fds() <= before + 1, "the clients' connections to close");
+      const again = await clients[0].batch("d", 1, { rank: 0, world: 1, microBatch: 4 });
+      expect(again.tokens.length).toBe(4 * 129);
+      await clients[0].close();
+    } finally {
+      await tls.close();
+    }
+  });
+
+
   it("takes the shm path when co-located, else HTTP/2 over TLS (ALPN), with the same bytes", async () => {
     const { key, cert } = selfSignedCert(ws.dir, "auto");
     const ca = readFileSync(cert, "utf8");
