@@ -125,7 +125,7 @@ export function createApp(deps: AppDeps): Hono {
     },
   );
   prefetchRoutes(app, { jobs: deps.prefetch, adminToken: deps.adminToken, requestBodies });
-  telemetryRoutes(app, { metrics: deps.metrics, datasets: () => deps.datasets.names(), requestBodies });
+  telemetryRoutes(app, { metrics: deps.metrics, datasets: () => deps.datasets.names(), requestBodies, now: deps.now });
   app.get("/openapi.json", routeDoc("operations", "This OpenAPI description, generated from the route definitions"), openAPIRouteHandler(app, {
     documentation: OPENAPI_DOCUMENT,
     excludeStaticFile: false, // "/openapi.json" has a dot but is no static file

@@ -335,7 +335,8 @@ function requestErrorAnswer(e: unknown): Response {
  * such a stream had queued against `maxSessionMemory` after the stream is gone (the memory itself
  * is freed), so a client that cancels large reads (the SDK's prefetch when its caller breaks)
  * had its new streams refused with ENHANCE_YOUR_CALM after a few hundred, then its session
- * dropped with every stream in it. Streams in progress finish; the client opens a new session.
+ * dropped with every stream in it. The client opens a new session (undici fails one request it
+ * had in flight on the old one, which the SDK retries).
  * A reset stream is counted at its whole body (its Content-Length): at most what it had queued.
  */
 function renewBeforeCalm(s: Http2Session, memoryBytes: number): void {

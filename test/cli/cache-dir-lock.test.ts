@@ -56,16 +56,14 @@ describe("the cache directory lock", () => {
   it("says a cache directory it may not write is that, not a lock problem (a read-only mount), and exits 2", async () => {
     const dir = join(ws.dir, "read-only");
     mkdirSync(dir);
-    // Root writes anywhere whatever the modes: a read-only mount refuses even root.
-    spawnSync("mount", ["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", dir], { stdio: "ignore" });
-    try {
-      const r = await runToExit(NODE, serveArgs(dir), ws.dir, 20_000);
-      expect(r.code, r.out).toBe(2);
-      expect(r.out).toMatch(new RegExp(`^rackfeed: Invalid --cache-dir ${dir}: Cannot write the cache directory ${dir} \\(EROFS\\): run as a user that may write it, or give another --cache-dir`, "m"));
-      expect(r.out).not.toMatch(/flock/);
-    } finally {
-      spawnSync("umount", [dir], { stdio: "ignore" });
-    }
+    // Root writes anywhere whatever the modes; a read-only mount refuses even root. Mounted in a
+    // namespace of the server's own (`unshare -rm`: no root needed, nothing left mounted).
+    const quote = (a: string) => `'${a.replaceAll("'", "'\\''")}'`;
+    const serve = [NODE, ...serveArgs(dir)].map(quote).join(" ");
+    const r = await runToExit("unshare", ["-rm", "sh", "-c", `mount -t tmpfs -o ro,size=1m tmpfs ${quote(dir)} && exec ${serve}`], ws.dir, 20_000);
+    expect(r.code, r.out).toBe(2);
+    expect(r.out).toMatch(new RegExp(`^rackfeed: Invalid --cache-dir ${dir}: Cannot write the cache directory ${dir} \\(EROFS\\): run as a user that may write it, or give another --cache-dir`, "m"));
+    expect(r.out).not.toMatch(/flock/);
   }, 30_000);
 
   it("refuses a directory a live server holds even when its lock file names a pid that means nothing here (a server in another container)", async () => {

@@ -63,7 +63,7 @@ describe("Host headers on Node", () => {
   });
 
   it("answers a Host that is no host with a 400 that says so, never an empty one", async () => {
-    for (const host of ["a b", "[::1", "exa%mple", "h/v1/objects"]) {
+    for (const host of ["a b", "[::1", "exa%mple", "h/v1/objects", "[1]", "[:]", "[1.2.3.4]", "999.1.1.1"]) {
       const r = await withHost(host);
       expect(r.status, host).toBe(400);
       const body = JSON.parse(r.body) as { error: string; message: string };

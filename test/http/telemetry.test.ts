@@ -76,6 +76,28 @@ describe("POST /v1/telemetry", () => {
     }
   });
 
+  it("forgets a report's id after a minute: the same id then counts again (a bounded memory, not a growing one)", async () => {
+    let clock = 0;
+    const timed = await startServer(ws, [...(await datasetFlags(ws, "d", REG)), "--cache-dir", `${ws.dir}/c-ids`], { now: () => clock });
+    try {
+      const post = () => fetch(`${timed.url}/v1/telemetry`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ dataset: "d", rank: 0, world: 1, micro_batch: 1, report: "aged", steps: [{ step: 0, t_wait: 0.1 }] }),
+      });
+      const waits = () => timed.metric("rackfeed_t_wait_seconds_count", { dataset: "d" });
+      expect((await post()).status).toBe(204);
+      clock += 59_000;
+      expect((await post()).status).toBe(204); // within the minute: a retry, not counted
+      expect(await waits()).toBe(1);
+      clock += 2_000;
+      expect((await post()).status).toBe(204); // past it: a report of its own
+      expect(await waits()).toBe(2);
+    } finally {
+      await timed.close();
+    }
+  });
+
   it("refuses a step that is negative, not an integer or missing with a 400 naming the entry, and records nothing of the report", async () => {
     const before = await rf.metric("rackfeed_t_wait_seconds_count", { dataset: "d" });
     for (const step of [-1, 1.5, "3", null, undefined]) {

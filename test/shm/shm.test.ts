@@ -866,7 +866,8 @@ describe("shared-memory fast path", () => {
       })().then(() => undefined, (e) => e), 15_000, "batches() from a server that stopped filling");
       expect(err).toBeInstanceOf(RackfeedError);
       expect(err.code).toBe("UNAVAILABLE");
-      expect(err.message).toMatch(/Shared-memory path failed after \d+ attempts: No answer from the shared-memory server in 400 ms while waiting for step 0/);
+      // The last attempt waited for step 0, or, on a box loaded enough to slow a ring's making, for the ring.
+      expect(err.message).toMatch(/Shared-memory path failed after \d+ attempts: No answer from the shared-memory server in 400 ms while waiting for (step 0|the ring)/);
       expect(c.retried).toBeGreaterThan(0);
       expect(performance.now() - t0).toBeLessThan(10_000);
     } finally {

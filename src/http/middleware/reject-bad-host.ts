@@ -6,8 +6,12 @@ import { badRequest } from "../../errors.ts";
 /** What a Host header may not contain: a host name or address and a port never do. */
 export const NOT_IN_HOST = /[/?#\\@\s]/;
 
-/** The usual Host, accepted without parsing it as a URL: a DNS name or IPv4, or a bracketed IPv6, and a port. */
-const PLAIN_HOST = /^(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.?|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?$/;
+/**
+ * The usual Host, accepted without parsing it as a URL: a DNS name with a letter in its last
+ * label, or a dotted-quad IPv4 address, and a port. Anything else (a bracketed IPv6, a name of
+ * digits only, an IDN) is parsed as a URL: `[1]` or `999.1.1.1` look plain but are no host.
+ */
+const PLAIN_HOST = /^(?:(?:[A-Za-z0-9-]+\.)*[A-Za-z0-9-]*[A-Za-z][A-Za-z0-9-]*\.?|(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))(?::(\d{1,5}))?$/;
 
 /** A URL whose authority holds a user part (`http://u@host/…`). */
 const USER_IN_URL = /^[a-z][a-z0-9+.-]*:\/\/[^/?#]*@/i;

@@ -11,8 +11,14 @@ import { bodyBound, READ, routeDoc } from "../route-docs.ts";
 /** Largest telemetry report body. */
 const MAX_REPORT_BYTES = 2 << 20;
 
-/** Report ids remembered, the oldest forgotten first: a retry comes seconds after its first try. */
-const REMEMBERED_REPORTS = 8192;
+/**
+ * How long a report's id is remembered (ms): the SDK retries a report for at most 5 s, so a
+ * retry comes well within it, however many ranks report meanwhile.
+ */
+const REPORT_ID_MS = 60_000;
+
+/** Report ids remembered at most (~100 bytes each): past it the oldest go first, whatever their age. */
+const MAX_REMEMBERED_REPORTS = 1 << 17;
 
 /** A report id: what the SDK sends (32 hex digits), or any other client's up to 64 characters. */
 const REPORT_ID = /^[A-Za-z0-9_-]{1,64}$/;
@@ -23,12 +29,12 @@ const REPORT_ID = /^[A-Za-z0-9_-]{1,64}$/;
  * @param app the Hono app
  * @param deps the metrics that receive the timings and the known dataset names
  */
-export function telemetryRoutes(app: Hono, deps: { metrics: Metrics; datasets: () => readonly string[]; requestBodies: RequestBodies }): void {
-  // Ids of reports recorded lately: a client that lost the answer to a report (its connection cut
-  // after the server read it, or its attempt timed out) sends it again, and each step would
-  // otherwise count twice. Checked and added with no await between, so a retry that overtakes
-  // its first try is still counted once.
-  const recorded = new Set<string>();
+export function telemetryRoutes(app: Hono, deps: { metrics: Metrics; datasets: () => readonly string[]; requestBodies: RequestBodies; now: () => number }): void {
+  // Ids of reports recorded lately, with when: a client that lost the answer to a report (its
+  // connection cut after the server read it, or its attempt timed out) sends it again, and each
+  // step would otherwise count twice. Checked and added with no await between, so a retry that
+  // overtakes its first try is still counted once. Oldest first (a Map keeps insertion order).
+  const recorded = new Map<string, number>();
   app.post(
     "/v1/telemetry",
     routeDoc("datasets", "Report per-step t_wait, t_h2d and t_compute of a consumer (the SDK does this)", {
@@ -45,9 +51,13 @@ export function telemetryRoutes(app: Hono, deps: { metrics: Metrics; datasets: (
       }
       const r = parseReport(body, deps.datasets());
       if (r.id !== undefined) {
+        const now = deps.now();
+        for (const [id, at] of recorded) {
+          if (now - at < REPORT_ID_MS && recorded.size < MAX_REMEMBERED_REPORTS) break;
+          recorded.delete(id);
+        }
         if (recorded.has(r.id)) return c.body(null, 204); // a retry of a report counted already
-        recorded.add(r.id);
-        if (recorded.size > REMEMBERED_REPORTS) recorded.delete(recorded.values().next().value!);
+        recorded.set(r.id, now);
       }
       for (const s of r.steps) deps.metrics.observeStep(r.dataset, s);
       return c.body(null, 204);

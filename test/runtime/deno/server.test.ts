@@ -95,7 +95,7 @@ Deno.test("refuses a Host header that carries part of a path (Deno builds the re
     assert.match(sneaky.text, /Invalid Host header/);
     assert.equal((await raw(`${hostname}:${port}`, "/v1/objects/data/shard.bin")).status, 200);
     // Hosts Node's server refuses, and Deno served: both runtimes answer them 400 now.
-    for (const host of ["a:b", "[::1", ":80", "127.0.0.1:99999", ""]) {
+    for (const host of ["a:b", "[::1", ":80", "127.0.0.1:99999", "", "[1]", "[:]", "[1.2.3.4]", "999.1.1.1"]) {
       const r = await raw(host, "/healthz");
       assert.equal(r.status, 400, `${JSON.stringify(host)}: ${r.text.slice(0, 200)}`);
       assert.match(r.text, /Invalid Host header/);
