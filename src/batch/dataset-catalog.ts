@@ -366,10 +366,16 @@ export class DatasetCatalog {
     }
   }
 
-  /** Index memory of the registered datasets and of the builds in flight other than `except`'s. */
-  #indexBytesInUse(except: Claim): number {
+  /**
+   * Index memory of the registered datasets other than `name` and of the builds in flight other
+   * than `except`. The version `name` replaces is left out: it goes once the new one is in, and
+   * counted, a dataset over half the bound could never be rebuilt when a file changed, failing
+   * its uncached batches (`OBJECT_CHANGED`) until a restart. The bound may be passed by that
+   * version's size while the new one builds.
+   */
+  #indexBytesInUse(except: Claim, name: string): number {
     let bytes = 0;
-    for (const d of this.#datasets.values()) bytes += d.indexBytes;
+    for (const [n, d] of this.#datasets) if (n !== name) bytes += d.indexBytes;
     for (const c of this.#claims) if (c !== except) bytes += c.bytes;
     return bytes;
   }
@@ -382,7 +388,7 @@ export class DatasetCatalog {
    */
   #claim(name: string, claim: Claim, action: "register" | "rebuild", need: MemoryNeed): void {
     const bound = this.#opts.datasetIndexBytes;
-    const others = this.#indexBytesInUse(claim);
+    const others = this.#indexBytesInUse(claim, name);
     if (others + need.bytes <= bound) {
       claim.bytes = need.bytes;
       this.#claims.add(claim);
@@ -390,10 +396,11 @@ export class DatasetCatalog {
     }
     const left = Math.max(0, bound - others);
     const building = [...this.#claims].some((c) => c !== claim && c.bytes > 0);
+    const registered = this.#datasets.size - (this.#datasets.has(name) ? 1 : 0);
     const held = others === 0
       ? ""
-      : ` (${formatBytes(others)} of it taken by the ${this.#datasets.size} dataset${this.#datasets.size === 1 ? "" : "s"} registered` +
-        `${building ? " and the builds in flight" : ""}${this.#datasets.has(name) ? `, "${name}"'s current version among them until it is replaced` : ""})`;
+      : ` (${formatBytes(others)} of it taken by ${registered === 0 ? "" : `the ${registered} ${this.#datasets.has(name) ? "other " : ""}dataset${registered === 1 ? "" : "s"} registered`}` +
+        `${building ? `${registered === 0 ? "" : " and "}the builds in flight` : ""})`;
     throw new DatasetMemoryError(
       `Cannot ${action === "register" ? "register" : "rebuild (its files changed)"} dataset "${name}": its indexes need ${need.atLeast ? "at least " : "~"}` +
         `${formatBytes(need.bytes)} of memory (${need.bytes} bytes: ${need.what()}), more than the ${formatBytes(left)} left of ` +
