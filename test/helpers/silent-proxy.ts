@@ -13,6 +13,8 @@ export interface SilentProxy {
   readonly hostPort: string;
   /** Connections accepted so far. */
   readonly connections: number;
+  /** Client connections open now. */
+  readonly open: number;
   /** Whether the first connection has gone silent. */
   readonly silenced: boolean;
   /** Closes the listener and every connection. */
@@ -21,13 +23,17 @@ export interface SilentProxy {
 
 /**
  * Forwards 127.0.0.1:`port`; the first connection's bytes from the server stop after `afterBytes`
- * (the socket stays open and reads on), every later connection passes everything.
+ * (the socket stays open and reads on), every later connection passes everything (with
+ * `afterBytes` Infinity, the first too: a proxy that counts connections).
  */
 export async function startSilentProxy(port: number, afterBytes: number): Promise<SilentProxy> {
   let connections = 0;
   let silenced = false;
   const sockets = new Set<Socket>();
+  const clients = new Set<Socket>();
   const server = createServer((client) => {
+    clients.add(client);
+    client.on("close", () => clients.delete(client));
     const first = ++connections === 1;
     const upstream = connect(port, "127.0.0.1");
     for (const s of [client, upstream]) {
@@ -61,6 +67,9 @@ export async function startSilentProxy(port: number, afterBytes: number): Promis
     },
     get silenced() {
       return silenced;
+    },
+    get open() {
+      return clients.size;
     },
     close: () =>
       new Promise<void>((ok) => {
