@@ -407,6 +407,7 @@ export class RackfeedClient {
     // t_wait: from the caller's next() to its batch, whatever happened meanwhile (route lookups,
     // reconnects, backoffs, a switch of transport).
     const waitFrom = this.#now();
+    let reportId: string | undefined;
     try {
       let end = c.endStep;
       if (end === undefined && this.#url !== undefined) {
@@ -425,6 +426,7 @@ export class RackfeedClient {
       const consumer = { dataset, rank: c.rank, world: c.world, micro_batch: c.microBatch };
       const id = JSON.stringify(consumer);
       this.#reports.begin(id, consumer);
+      reportId = id;
       const it: Iteration = { dataset, c, id, end, step: c.startStep ?? 0, waitFrom, signal, depth: c.prefetch ?? 2 };
       // Over shm while a co-located server's ring can be had (in this loop, not in a generator of
       // its own: a delegated generator cost every batch another promise, ~7 % of the SDK's CPU
@@ -500,6 +502,9 @@ export class RackfeedClient {
     } finally {
       c.signal?.removeEventListener("abort", onAbort);
       ac.abort(new DOMException("batches() ended", "AbortError"));
+      // Ended early too (a break, an abort, an error): what this consumer queued goes now, not
+      // at some later report (the newest steps that still miss the caller's timings stay).
+      if (reportId !== undefined) this.#reports.sendInBackground(reportId, true);
     }
   }
 

@@ -109,6 +109,11 @@ export class StepReports {
 
   /** The t_wait `batches()` measured for a step it handed out. */
   waited(id: string, step: number, tWait: number): void {
+    // A step read again while its first reading is still queued (a resume from an earlier step,
+    // a new iteration of the same consumer): the queue goes first, as it is, or the second
+    // reading would be merged into the first and one of them never counted.
+    const had = this.#pending.get(id)?.steps.get(step);
+    if (had !== undefined && !Number.isNaN(had.t_wait)) this.sendInBackground(id, false);
     this.#record(id, { step, t_wait: tWait });
   }
 

@@ -19,7 +19,7 @@ import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 
 const REG = { sources: [{ prefix: "data/tok/d" }], seq_length: 128, seed: 5, split: "100,0,0", split_index: 0, num_samples: 2000 };
 /** One dataset name per test (the same data): the telemetry metrics are labelled by dataset, so no test sees another's. */
-const NAMES = ["fails", "close", "every", "negative", "interval", "pair", "stalled", "fast", "lost"];
+const NAMES = ["fails", "close", "every", "negative", "interval", "pair", "stalled", "fast", "lost", "again"];
 let ws: Workspace;
 let rf: RunningServer;
 
@@ -264,6 +264,28 @@ describe("RackfeedClient telemetry", () => {
       expect(await waits()).toBe(before.waits + 32);
       expect(await steps()).toBe(before.steps + 32);
     });
+  });
+
+  it("counts a step read twice by the same consumer twice: a resume from an earlier step while the first readings are still queued", async () => {
+    const c = new RackfeedClient({ url: rf.url, reportEvery: 1000, reportIntervalMs: 60_000 });
+    const waits = () => rf.metric("rackfeed_t_wait_seconds_count", { dataset: "again" });
+    const before = await waits();
+    let read = 0;
+    for await (const b of c.batches("again", { rank: 0, world: 1, microBatch: 1, endStep: 20 })) {
+      // Its last two steps' timings never come (the trainer stopped mid-step): they stay queued,
+      // waiting for them, when the same consumer reads them again below.
+      if (b.step < 8) c.reportStep(b.step, { t_h2d: 0, t_compute: 1 });
+      if (++read === 10) break; // steps 0-9
+    }
+    expect(c.queuedSteps).toBe(2);
+    for await (const b of c.batches("again", { rank: 0, world: 1, microBatch: 1, startStep: 5, endStep: 20 })) {
+      c.reportStep(b.step, { t_h2d: 0, t_compute: 1 });
+      read++; // steps 5-19: 5-9 again
+    }
+    await c.close();
+    expect(read).toBe(25);
+    expect(c.droppedSteps).toBe(0);
+    expect(await waits()).toBe(before + 25);
   });
 
   it("refuses a negative t_h2d at reportStep() with a RangeError, and the other steps' timings still arrive", async () => {
