@@ -1045,6 +1045,39 @@ describe("shared-memory fast path", () => {
     expect(existsSync(join(dir, own))).toBe(false); // its own lock file goes with it
   });
 
+  it("counts every step's timings of an SDK consumer whose dataset is replaced under it: those it wrote before it read the end too", async () => {
+    const dir = join(ws.dir, "shm-replaced-timings");
+    const ADMIN = "admin-token-for-replacement-tests";
+    const server = await startServer(ws, [...dataset, "--shm-dir", dir, "--cache-dir", join(ws.dir, "rt"), "--admin-token", ADMIN]);
+    try {
+      const c = new RackfeedClient({ url: server.url, local: localTransport(), backoffMs: 20, maxBackoffMs: 200, reportEvery: 1, reportIntervalMs: 0 });
+      const before = await server.metric("rackfeed_t_wait_seconds_count", { dataset: "d" });
+      let steps = 0;
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 3, endStep: 300, prefetch: 3 })) {
+        expect(b.transport).toBe("shm");
+        c.reportStep(b.step, { t_h2d: 0, t_compute: 0.01 });
+        steps++;
+        if (b.step === 20 || b.step === 150) {
+          // A client polling its ring reads on through the slots published before the end, and
+          // reports them on its socket, before it reads the end: those reports were dropped unread.
+          const res = await fetch(`${server.url}/v1/datasets/d`, {
+            method: "PUT",
+            headers: { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" },
+            body: JSON.stringify({ ...REG, seed: 10 + b.step }),
+          });
+          expect(res.status).toBe(200);
+          await res.arrayBuffer();
+        }
+      }
+      await c.close();
+      expect(steps).toBe(300);
+      expect(c.retried).toBeGreaterThan(0); // it reconnected
+      await waitFor(async () => (await server.metric("rackfeed_t_wait_seconds_count", { dataset: "d" })) === before + 300, "every step's t_wait to be counted");
+    } finally {
+      await server.close();
+    }
+  });
+
   it("ends a consumer whose dataset is replaced: the SDK resumes over shm at its next step on the new version, no gap", async () => {
     const port = await freePort();
     const dir = join(ws.dir, "shm-replaced");
