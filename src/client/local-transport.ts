@@ -97,7 +97,11 @@ export function connectUnix(path: string): Promise<LocalSocket> {
           return chunks.shift() ?? null;
         },
         write(bytes) {
-          if (!s.destroyed && !closed) s.write(bytes);
+          // Ended too when the server's end was read (a socket that is not half-open ends its
+          // side then): a write would be dropped, and the caller must know.
+          if (s.destroyed || closed || s.writableEnded) return false;
+          s.write(bytes);
+          return true;
         },
         close() {
           // Ended, not destroyed: what is written but not yet taken by the kernel (timings written

@@ -31,7 +31,8 @@ const WELCOME_TIMEOUT_MS = 10_000;
 export interface LocalSocket {
   /** The next chunk, or null once the peer closed. */
   read(): Promise<Uint8Array | null>;
-  write(bytes: Uint8Array): void;
+  /** Writes `bytes`; false when they could not be (the socket is closed or ended), nothing else. */
+  write(bytes: Uint8Array): boolean | void;
   close(): void;
 }
 
@@ -271,7 +272,12 @@ export async function* shmBatches(
       sendTimings = (steps) => {
         if (!live) return false;
         flush(); // releases first: the server may be waiting for one
-        socket.write(encodeTimings(steps));
+        // A socket closed under us (the server's end, an abort) drops the write: the steps go
+        // over HTTP instead of being taken for sent.
+        if (socket.write(encodeTimings(steps)) === false) {
+          live = false;
+          return false;
+        }
         return true;
       };
       c.onTimings(sendTimings, true);

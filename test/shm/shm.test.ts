@@ -1045,6 +1045,25 @@ describe("shared-memory fast path", () => {
     expect(existsSync(join(dir, own))).toBe(false); // its own lock file goes with it
   });
 
+  it("tells the SDK a control-socket write was dropped once the server ended the connection or the socket closed, so its timings go over HTTP", async () => {
+    const path = join(ws.dir, "ends.sock");
+    let peer: net.Socket | undefined;
+    const server = net.createServer((sock) => (peer = sock));
+    await new Promise<void>((r) => server.listen(path, r));
+    try {
+      const s = await connectUnix(path);
+      await waitFor(() => peer !== undefined, "the connection");
+      expect(s.write(new Uint8Array([1]))).toBe(true);
+      peer!.end(); // the server's end
+      expect(await s.read()).toBeNull();
+      expect(s.write(new Uint8Array([2]))).toBe(false);
+      s.close();
+      expect(s.write(new Uint8Array([3]))).toBe(false);
+    } finally {
+      server.close();
+    }
+  });
+
   it("counts every step's timings of an SDK consumer whose dataset is replaced under it: those it wrote before it read the end too", async () => {
     const dir = join(ws.dir, "shm-replaced-timings");
     const ADMIN = "admin-token-for-replacement-tests";
