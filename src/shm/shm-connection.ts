@@ -61,6 +61,14 @@ const END_GRACE_MS = 1000;
  */
 const MAX_DRAIN_BYTES = 256 * 1024;
 /**
+ * How long a connection ended by a `DATASET_REPLACED` is read on for those `timings` before it is
+ * cut: a polling client reads on through the slots its ring holds (up to 64 steps of training)
+ * before it reads its socket and closes, and its reports of them went to a destroyed socket
+ * after `END_GRACE_MS` (a soak lost ~0.2 % of t_wait counts that way). The SDK closes as soon as
+ * it reads the end; only a client that never does waits this out.
+ */
+const DRAIN_GRACE_MS = 120_000;
+/**
  * Messages received whose handling has not started (they are handled in order, and `open` awaits
  * the catalog and its ring's pages) past which the socket is paused: a peer that floods frames meanwhile
  * then waits in the kernel's socket buffer, not in this process's heap.
@@ -270,7 +278,7 @@ export class ShmConnection {
         // Only a consumer the server ended through no fault of its own is read on, for its timings.
         if (this.#drainLeft === undefined) this.#socket.pause();
         this.#socket.end();
-        unrefableTimeout(() => this.#socket.destroy(), END_GRACE_MS).unref();
+        unrefableTimeout(() => this.#socket.destroy(), this.#drainLeft === undefined ? END_GRACE_MS : DRAIN_GRACE_MS).unref();
       } else this.#socket.destroy();
     } else if (!graceful) this.#socket.destroy(); // shutdown does not wait out the grace
 
