@@ -164,6 +164,16 @@ def main():
     print(json.dumps({"end": end_step, "waits": waits, "timed": timed}), flush=True)
     view.release()
     mem.close()
+    # Half-close, then read until the server closes (README "Protocol"): a plain close that
+    # crosses the server's last frames makes its write fail, and what it had not read yet (the
+    # last timings, the releases) is lost with the connection.
+    ch.sock.shutdown(socket.SHUT_WR)
+    ch.sock.settimeout(5)
+    try:
+        while ch.sock.recv(65536):
+            pass
+    except OSError:
+        pass
     ch.sock.close()
 
 
