@@ -8,6 +8,7 @@
 import { canMapDeno, mapFileDeno } from "../runtime/libc-deno.ts";
 import { checkRingSize, connectUnix, mappedRing, nextTurn, readingTransport, STORES_IN_ORDER } from "./local-transport.ts";
 import { type PooledFetch, RackfeedClient, type RackfeedClientOptions } from "./client.ts";
+import { pooledFetch } from "./pooled-fetch.ts";
 import type { LocalTransport } from "./shm-consumer.ts";
 
 /**
@@ -25,7 +26,7 @@ import type { LocalTransport } from "./shm-consumer.ts";
  */
 export function createClient(opts: RackfeedClientOptions & { readonly ca?: string }): RackfeedClient {
   const { ca, ...rest } = opts;
-  return new RackfeedClient({ ...rest, fetch: rest.fetch ?? pooledFetch(ca), local: rest.local ?? localTransport() });
+  return new RackfeedClient({ ...rest, fetch: rest.fetch ?? denoFetch(ca), local: rest.local ?? localTransport() });
 }
 
 /**
@@ -35,27 +36,13 @@ export function createClient(opts: RackfeedClientOptions & { readonly ca?: strin
  *
  * @param ca PEM of a private CA or a self-signed server certificate
  */
-function pooledFetch(ca: string | undefined): PooledFetch {
-  const makeClient = () => Deno.createHttpClient(ca === undefined ? {} : { caCerts: [ca] });
-  let client: Deno.HttpClient | undefined;
-  // Which client each attempt went out on: attempts that time out together replace it once.
-  const clientOf = new WeakMap<AbortSignal, Deno.HttpClient>();
-  const pooled: PooledFetch = (input, init) => {
-    const own = (client ??= makeClient());
-    if (init?.signal) clientOf.set(init.signal, own);
-    return fetch(input, { ...init, client: own } as RequestInit);
-  };
-  pooled.abandonConnections = (signal) => {
-    const old = clientOf.get(signal);
-    if (old === undefined || old !== client) return;
-    client = undefined; // the next request makes a new one
-    old.close(); // requests in flight on it finish (Deno closes its pool, not them)
-  };
-  pooled.close = () => {
-    client?.close();
-    client = undefined;
-  };
-  return pooled;
+function denoFetch(ca: string | undefined): PooledFetch {
+  return pooledFetch<Deno.HttpClient>({
+    make: () => Deno.createHttpClient(ca === undefined ? {} : { caCerts: [ca] }),
+    send: (client, input, init) => fetch(input, { ...init, client } as RequestInit),
+    retire: (old) => old.close(), // requests in flight on it finish (Deno closes its pool, not them)
+    close: (client) => client.close(),
+  });
 }
 
 /**

@@ -8,6 +8,7 @@
 import { Agent, fetch as undiciFetch } from "undici";
 import { loadNodeMapping } from "../runtime/libc-node.ts";
 import { type PooledFetch, RackfeedClient, type RackfeedClientOptions } from "./client.ts";
+import { pooledFetch } from "./pooled-fetch.ts";
 import { checkRingSize, connectUnix, mappedRing, nextTurn, readingTransport, STORES_IN_ORDER } from "./local-transport.ts";
 import type { LocalTransport } from "./shm-consumer.ts";
 
@@ -47,35 +48,20 @@ const ABANDONED_GRACE_MS = 10 * 60_000;
  * ```
  */
 export function http2Fetch(opts: { ca?: string; connections?: number } = {}): typeof fetch & Required<Pick<PooledFetch, "abandonConnections" | "close">> {
-  const makeAgent = () => new Agent({ allowH2: true, connections: opts.connections ?? 4, connect: opts.ca ? { ca: opts.ca } : {} });
-  let agent: Agent | undefined;
-  // Which agent each attempt went out on: requests that time out together on one dead
-  // connection replace it once, not each the agent the one before them made.
-  const agentOf = new WeakMap<AbortSignal, Agent>();
-  const pooled = ((input: string | URL | Request, init?: RequestInit) => {
-    const dispatcher = (agent ??= makeAgent());
-    if (init?.signal) agentOf.set(init.signal, dispatcher);
-    return undiciFetch(input as string, { ...(init as object), dispatcher });
+  return pooledFetch<Agent>({
+    make: () => new Agent({ allowH2: true, connections: opts.connections ?? 4, connect: opts.ca ? { ca: opts.ca } : {} }),
+    send: (dispatcher, input, init) => undiciFetch(input as string, { ...(init as object), dispatcher }) as unknown as Promise<Response>,
+    retire: (old) => {
+      // Closed, not destroyed: requests on its live connections (other streams, other sockets)
+      // finish there; those on the dead one end by their own timeouts, and then it closes.
+      // Destroyed only if that has not happened in a while (a request without a timeout). The
+      // timer goes once the agent has closed: held, it kept every abandoned agent for the grace.
+      const cutoff = setTimeout(() => old.destroy().catch(() => {}), ABANDONED_GRACE_MS);
+      cutoff.unref?.();
+      old.close().catch(() => {}).finally(() => clearTimeout(cutoff));
+    },
+    close: (agent) => agent.close(),
   }) as unknown as typeof fetch & Required<Pick<PooledFetch, "abandonConnections" | "close">>;
-  pooled.abandonConnections = (signal) => {
-    const old = agentOf.get(signal);
-    if (old === undefined || old !== agent) return;
-    agent = undefined; // the next request makes a new agent, with new connections
-    // Closed, not destroyed: requests on its live connections (other streams, other sockets)
-    // finish there; those on the dead one end by their own timeouts, and then it closes. Destroyed
-    // only if that has not happened in a while (a request without a timeout).
-    // The timer goes once the agent has closed: held, it kept every abandoned agent (~48 KiB)
-    // for the whole grace, hundreds of them where the network times out often.
-    const cutoff = setTimeout(() => old.destroy().catch(() => {}), ABANDONED_GRACE_MS);
-    cutoff.unref?.();
-    old.close().catch(() => {}).finally(() => clearTimeout(cutoff));
-  };
-  pooled.close = async () => {
-    const old = agent;
-    agent = undefined;
-    await old?.close();
-  };
-  return pooled;
 }
 
 /**

@@ -109,12 +109,7 @@ export class StepReports {
 
   /** The t_wait `batches()` measured for a step it handed out. */
   waited(id: string, step: number, tWait: number): void {
-    // A step read again while its first reading is still queued (a resume from an earlier step,
-    // a new iteration of the same consumer): the queue goes first, as it is, or the second
-    // reading would be merged into the first and one of them never counted.
-    const had = this.#pending.get(id)?.steps.get(step);
-    if (had !== undefined && !Number.isNaN(had.t_wait)) this.sendInBackground(id, false);
-    this.#record(id, { step, t_wait: tWait });
+    this.#record(id, { step, t_wait: tWait }, true);
   }
 
   /**
@@ -262,14 +257,22 @@ export class StepReports {
     return q;
   }
 
-  #record(id: string, t: StepTimings): void {
+  /** `measured`: a t_wait of a step handed out (a reading), not the caller's timings for it. */
+  #record(id: string, t: StepTimings, measured = false): void {
     // A socket-only client reports on its consumer's shm socket only: without one, keep nothing.
     if (this.#opts.post === undefined && !this.#shmTimings.has(id)) return;
     // A measured wait the server would refuse (an injected clock that stepped back) is sent as
     // not measured: a refused report must not cost the other timings, nor, over shm, the batches.
     if (!(t.t_wait >= 0 && t.t_wait <= MAX_TIMING_SECONDS) && !Number.isNaN(t.t_wait)) t = { ...t, t_wait: NaN };
     const p = this.#pending.get(id)!;
-    const had = p.steps.get(t.step);
+    let had = p.steps.get(t.step);
+    if (measured && had !== undefined && !Number.isNaN(had.t_wait)) {
+      // A step read again while its first reading is still queued (a resume from an earlier
+      // step, a new iteration of the same consumer): the queue goes first, as it is, or the
+      // second reading would be merged into the first and one of them never counted.
+      this.sendInBackground(id, false);
+      had = p.steps.get(t.step);
+    }
     p.steps.set(t.step, had ? { ...had, ...t } : t);
   }
 }

@@ -7,7 +7,7 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 import type { LockFile } from "../../src/cache/cache-dir-lock.ts";
 import { DiskTier } from "../../src/cache/disk-tier.ts";
 import { nodeFileLock } from "../../src/runtime/node.ts";
-import { expectSameBytes } from "../helpers/rackfeed.ts";
+import { expectSameBytes, within } from "../helpers/rackfeed.ts";
 
 /** While set, opening a block file for reading fails with this code (as under descriptor pressure). */
 let failBlockOpens: string | undefined;
@@ -106,12 +106,6 @@ function blockFiles(root: string): { files: number; bytes: number } {
   return { files, bytes };
 }
 
-/** `p`, or a rejection naming `what` after `ms` (a hang would otherwise only time the test out). */
-function within<T>(p: Promise<T>, what: string, ms = 5000): Promise<T> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  return Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: no answer in ${ms} ms`)), ms)))])
-    .finally(() => clearTimeout(timer));
-}
 
 describe("DiskTier index rebuild at start-up", () => {
   const key = (i: number) => `data\nc.bin\nv1\n${MiB}\n${i}`;
@@ -151,7 +145,7 @@ describe("DiskTier index rebuild at start-up", () => {
     mkdirSync(paths[3]);
 
     const errors: string[] = [];
-    tier = await within(DiskTier.open({ dir, maxBytes: 8 * MiB, maxPendingWrites: 8, onError: (m) => errors.push(m) }), "DiskTier.open");
+    tier = await within(DiskTier.open({ dir, maxBytes: 8 * MiB, maxPendingWrites: 8, onError: (m) => errors.push(m) }), 5000, "DiskTier.open");
     try {
       expect(existsSync(paths[1])).toBe(false);
       expect(() => lstatSync(paths[2])).toThrow(/ENOENT/);
@@ -169,7 +163,7 @@ describe("DiskTier index rebuild at start-up", () => {
       const five = tier.files().at(-1)!;
       rmSync(five);
       execFileSync("mkfifo", [five]);
-      expect(await within(tier.read(key(5)), "read of a FIFO")).toBeUndefined();
+      expect(await within(tier.read(key(5)), 5000, "read of a FIFO")).toBeUndefined();
       expect(tier.has(key(5))).toBe(false);
       expect(existsSync(five)).toBe(false);
     } finally {

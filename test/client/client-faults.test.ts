@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RackfeedClient, RackfeedError } from "../../src/client/mod.ts";
 import { http2Fetch } from "../../src/client/node.ts";
 import { type Fault, type FaultProxy, type FaultRule, onceEach, startFaultProxy } from "../helpers/fault-proxy.ts";
-import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
+import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServer, waitFor, within, type Workspace } from "../helpers/rackfeed.ts";
 import { startSilentProxy } from "../helpers/silent-proxy.ts";
 import { selfSignedCert } from "../helpers/tls.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
@@ -53,14 +53,6 @@ async function collect(c: RackfeedClient, opts: { endStep: number; prefetch?: nu
   return got;
 }
 
-/** `p`, or an error naming `what` after `ms`. */
-function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  return Promise.race([
-    p,
-    new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: still waiting after ${ms} ms`)), ms))),
-  ]).finally(() => clearTimeout(timer));
-}
 
 describe("RackfeedClient under network faults", () => {
   it("retries a batch whose body is cut mid-transfer (connection reset): every step once, in order, with the server's bytes", async () => {

@@ -166,6 +166,15 @@ export function freePort(): Promise<number> {
   });
 }
 
+/** `p`, or a rejection naming `what` after `ms` (a hang would otherwise only time the test out). */
+export function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  return Promise.race([
+    p,
+    new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: still waiting after ${ms} ms`)), ms))),
+  ]).finally(() => clearTimeout(timer));
+}
+
 /** Polls `cond` every 10 ms until it holds; throws naming `what` after `timeoutMs`. */
 export async function waitFor(cond: () => boolean | Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
   const t0 = Date.now();

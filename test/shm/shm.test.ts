@@ -29,7 +29,7 @@ import {
   slotHeaderOffset,
 } from "../../src/shm/protocol.ts";
 import { ShmStartupError } from "../../src/server.ts";
-import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
+import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServer, waitFor, within, type Workspace } from "../helpers/rackfeed.ts";
 import { NODE, NODE_TS, ROOT } from "../helpers/spawn.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 import { countingCopier } from "../helpers/counting-copier.ts";
@@ -1181,14 +1181,6 @@ describe("shared-memory fast path", () => {
   });
 });
 
-/** `p`, or an error naming `what` after `ms`. */
-function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  return Promise.race([
-    p,
-    new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what}: still waiting after ${ms} ms`)), ms))),
-  ]).finally(() => clearTimeout(timer));
-}
 
 /** Sends frames on a fresh connection and returns the `n`th message back (1-based). */
 async function exchange(frames: Uint8Array[], n = 1, socket?: string): Promise<Record<string, unknown>> {
