@@ -19,6 +19,11 @@
 # Needs the uint16 dataset and plan of bench/datasets/warm-batches.ts (run that once first), and
 # python3-numpy: each round starts with the baseline, numpy's memmap gather of the same batches
 # (bench/datasets/numpy_gather.py, 2 timed passes, alone on the box).
+# THREADS=1: each of the server's threads too (by name): CPU µs per batch, kernel share, context
+# switches (/proc/PID/task/*).
+# PROFILE_DIR=DIR (Node server): each run's server writes a V8 CPU profile there (--cpu-prof; its
+# threads' too), sampling every PROFILE_INTERVAL_US=100 µs; `node bench/objects/cpuprof.mjs summary FILE`
+# reads one.
 #
 # Per run: a fresh server on this dataset, warmed (every step over HTTP, then an untimed pass of
 # the SDK's shm client, bench/shm/client.ts on Deno); then the main thread's CPU time
@@ -73,6 +78,16 @@ trap cleanup EXIT
 TICK=$(getconf CLK_TCK)
 
 cpu_ticks() { awk '{print $14 + $15}' "$1"; }
+sys_ticks() { awk '{print $15}' "$1"; }
+# Context switches of a thread: the times it slept (voluntary) and was preempted, together.
+switches() { awk '/ctxt_switches/ { n += $2 } END { print n }' "$1"; }
+# Every thread of process $1: tid, name, user ticks, kernel ticks, context switches (THREADS=1).
+thread_ticks() {
+  for t in /proc/"$1"/task/*; do
+    [ -r "$t/stat" ] || continue
+    printf '%s %s %s\n' "${t##*/}" "$(sed 's/.*) //' "$t/stat" | awk '{print $12, $13}')" "$(switches "$t/status")" | paste -d' ' - <(tr ' ' '_' < "$t/comm")
+  done 2>/dev/null
+}
 
 run_one() { # $1 = checkout
   local root=$1
@@ -83,7 +98,9 @@ run_one() { # $1 = checkout
   if [ "$RUNTIME" = deno ]; then
     (cd "$root" && exec "$DENO" run -A src/main.ts "${args[@]}") > "$WORK/server.log" 2>&1 &
   else
-    (cd "$root" && exec node --import tsx src/main.node.ts "${args[@]}") > "$WORK/server.log" 2>&1 &
+    local prof=()
+    [ -n "${PROFILE_DIR:-}" ] && prof=(--cpu-prof "--cpu-prof-dir=$PROFILE_DIR" --cpu-prof-interval "${PROFILE_INTERVAL_US:-100}")
+    (cd "$root" && exec node "${prof[@]}" --import tsx src/main.node.ts "${args[@]}") > "$WORK/server.log" 2>&1 &
   fi
   SERVER=$!
   local base=http://127.0.0.1:$PORT
@@ -95,23 +112,39 @@ run_one() { # $1 = checkout
   (cd "$root" && "$DENO" run -A bench/shm/client.ts "$base" $DS 8 $STEPS 2 > /dev/null)
   local main=/proc/$SERVER/task/$SERVER/stat proc=/proc/$SERVER/stat
   local m0 p0 m1 p1 line
-  m0=$(cpu_ticks "$main"); p0=$(cpu_ticks "$proc")
+  [ -n "${THREADS:-}" ] && thread_ticks "$SERVER" > "$WORK/threads0"
+  m0=$(cpu_ticks "$main"); p0=$(cpu_ticks "$proc"); s0=$(sys_ticks "$main"); w0=$(switches "/proc/$SERVER/task/$SERVER/status")
   line=$(cd "$root" && "$DENO" run -A bench/shm/client.ts "$base" $DS 8 $STEPS "$PASSES" "${CLIENT_MODE[@]}" | tail -1)
-  m1=$(cpu_ticks "$main"); p1=$(cpu_ticks "$proc")
+  m1=$(cpu_ticks "$main"); p1=$(cpu_ticks "$proc"); s1=$(sys_ticks "$main"); w1=$(switches "/proc/$SERVER/task/$SERVER/status")
+  [ -n "${THREADS:-}" ] && thread_ticks "$SERVER" > "$WORK/threads1"
   # Plans made on the planning thread (--planning-thread), per step read-ahead warmed.
   local ahead
   ahead=$(curl -sf "$base/metrics" | awk '/^rackfeed_readahead_steps_total/ { n = $2 } /^rackfeed_plans_made_ahead_total/ { a = $2 } END { if (a > 0) printf "   planned ahead %.0f %%", 100 * a / n }')
   kill "$SERVER"; wait "$SERVER" 2>/dev/null || true
+  local SERVER_PID=$SERVER
   SERVER=
   # The client's first pass is untimed: it is served too (with FRESH, over every step).
   node -e '
-    const [line, m, p, tick, steps, name, numpy, ahead] = process.argv.slice(1);
+    const [line, m, p, tick, steps, name, numpy, ahead, sys, sw] = process.argv.slice(1);
     const j = JSON.parse(line);
     const served = j.batches + Number(steps);
     const us = (t) => (Number(t) / Number(tick)) * 1e6 / served;
     const bound = 1e6 / us(m) / Number(numpy);
-    console.log(`${name.padEnd(24)} ${(j.batches / j.seconds).toFixed(0).padStart(6)} batches/s   event loop ${us(m).toFixed(1).padStart(5)} µs/batch (bound ${bound.toFixed(2)}× numpy)   process ${us(p).toFixed(1).padStart(5)} µs/batch${ahead}`);
-  ' "$line" $((m1 - m0)) $((p1 - p0)) "$TICK" $EPOCH_STEPS "$(basename "$root")" "$NUMPY" "$ahead"
+    console.log(`${name.padEnd(24)} ${(j.batches / j.seconds).toFixed(0).padStart(6)} batches/s   event loop ${us(m).toFixed(1).padStart(5)} µs/batch (bound ${bound.toFixed(2)}× numpy; ${(100 * Number(sys) / Math.max(1, Number(m))).toFixed(0)} % in the kernel, ${(Number(sw) / served * 100).toFixed(1)} context switches per 100 batches)   process ${us(p).toFixed(1).padStart(5)} µs/batch${ahead}`);
+    // THREADS=1: the server threads, busiest first (Node names them all "node"; Deno names its own).
+    const [t0, t1, pid] = process.argv.slice(11);
+    if (t0) {
+      const read = (f) => new Map(require("fs").readFileSync(f, "utf8").trim().split("\n").map((l) => l.split(" ")).map(([tid, u, k, w, comm]) => [tid, { u: +u, k: +k, w: +w, comm }]));
+      const a = read(t0);
+      const rows = [...read(t1)].map(([tid, e]) => {
+        const b = a.get(tid) ?? { u: 0, k: 0, w: 0 };
+        return { name: `${e.comm}${tid === pid ? " (main)" : ""}`, u: e.u - b.u, k: e.k - b.k, w: e.w - b.w };
+      }).filter((r) => r.u + r.k > 0 || r.w > 0).sort((x, y) => y.u + y.k - x.u - x.k);
+      for (const r of rows.slice(0, 12)) {
+        console.log(`    ${r.name.padEnd(20)} ${us(r.u + r.k).toFixed(1).padStart(5)} µs/batch, ${(100 * r.k / Math.max(1, r.u + r.k)).toFixed(0).padStart(3)} % in the kernel, ${(r.w / served * 100).toFixed(1).padStart(5)} context switches per 100 batches`);
+      }
+    }
+  ' "$line" $((m1 - m0)) $((p1 - p0)) "$TICK" $EPOCH_STEPS "$(basename "$root")" "$NUMPY" "$ahead" $((s1 - s0)) $((w1 - w0)) ${THREADS:+"$WORK/threads0" "$WORK/threads1" "$SERVER_PID"}
 }
 
 echo "event-loop-ab: $DTYPE, $RUNTIME server ${SERVER_FLAGS:-}, $ROUNDS rounds × $PASSES passes of $STEPS steps${FRESH:+ (one consumer over all, every step new)}, $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC')"

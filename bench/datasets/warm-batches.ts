@@ -7,7 +7,8 @@
  * Knobs (environment): BENCH_STEPS=1500 (steps per pass = batches), BENCH_PASSES=2 (timed passes
  *   per measurement), BENCH_REPS=3 (interleaved repetitions), BENCH_CONCURRENCY=4 (second load level),
  *   BENCH_EXTRA_FLAGS="" (more serve flags for both servers, e.g. "--read-ahead-seconds 0"),
- *   BENCH_PYTHON=/usr/bin/python3 (the python with numpy that runs the baseline).
+ *   BENCH_PYTHON=/usr/bin/python3 (the python with numpy that runs the baseline), BENCH_HTTP=0 (no
+ *   HTTP rows: the shm rows of the aim alone, e.g. with many passes; every body is still checked).
  *
  * Per dataset: the plan (`(byteOffset, tokens)` pieces of every sample, from buildTokenDataset on
  * the same .idx and registration the server gets) is written for numpy. An untimed warm pass
@@ -58,6 +59,7 @@ import {
 process.env.UV_THREADPOOL_SIZE ??= "64";
 const STEPS = Number(process.env.BENCH_STEPS ?? 1500);
 const PASSES = Number(process.env.BENCH_PASSES ?? 2);
+const WITH_HTTP = process.env.BENCH_HTTP !== "0";
 const REPS = Number(process.env.BENCH_REPS ?? 3);
 const CONC = Number(process.env.BENCH_CONCURRENCY ?? 4);
 /** Threads of the "one copy on N threads" rows: 2, 4 and 8, those the machine has cores for. */
@@ -334,8 +336,10 @@ async function main(): Promise<void> {
           // The HTTP runs ask for STEPS × PASSES batches; an shm client also reads an untimed pass.
           const http = (r: Result) => r.lat.length;
           const shm = (r: Result) => r.lat.length + STEPS;
-          push(`${ds.name}/${rt} c=1`, await withServerCpu(servers[rt], http, () => httpRun(base, ds.name, 1, bodyBytes)));
-          push(`${ds.name}/${rt} c=${CONC}`, await withServerCpu(servers[rt], http, () => httpRun(base, ds.name, CONC, bodyBytes)));
+          if (WITH_HTTP) {
+            push(`${ds.name}/${rt} c=1`, await withServerCpu(servers[rt], http, () => httpRun(base, ds.name, 1, bodyBytes)));
+            push(`${ds.name}/${rt} c=${CONC}`, await withServerCpu(servers[rt], http, () => httpRun(base, ds.name, CONC, bodyBytes)));
+          }
           for (const client of ["deno", "node"] as const) {
             push(`${ds.name}/${rt} shm ${client}`, await withServerCpu(servers[rt], shm, () => shmRun(client, base, ds.name, np.hashes)));
           }

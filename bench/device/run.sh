@@ -12,6 +12,8 @@
 #   groups of steps on a copy thread), for an A/B of the group copy.
 #   event-loop: the servers' event-loop CPU per token batch over shm with every step new
 #   (bench/datasets/event-loop-ab.sh FRESH=1, Node then Deno), beside numpy; after warm (its dataset).
+#   profile: event-loop's FRESH run once on a Node server with V8 CPU profiles of its threads, each
+#   summarized (bench/objects/cpuprof.mjs), the main thread's kept in $OUT; after warm (its dataset).
 #   EVENT_LOOP_OTHER=DIR also runs the tree of another commit in each round (an A/B; carry it).
 #   Carry native/build too (the device tool's carry), or the servers copy in JavaScript where no cc is there.
 # Figures go to stdout and to $OUT (the device tool's folder), or bench/.out/device.
@@ -63,8 +65,12 @@ for p in "${parts[@]}"; do
     warm-2t) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} BENCH_EXTRA_FLAGS="--native-gather-threads 2" part warm-2t "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
     warm) BENCH_PYTHON=$py BENCH_REPS=${BENCH_REPS:-1} part warm "${BENCH_WARM_SECONDS:-240}" node --import tsx bench/datasets/warm-batches.ts ;;
     event-loop) for r in node deno; do DENO=$PWD/node_modules/deno/deno FRESH=1 RUNTIME=$r ROUNDS=${BENCH_REPS:-2} part "event-loop-$r" 150 bash bench/datasets/event-loop-ab.sh ${EVENT_LOOP_OTHER:-}; done ;;
+    profile) rm -rf /tmp/rackfeed-prof && mkdir -p /tmp/rackfeed-prof
+      PROFILE_DIR=/tmp/rackfeed-prof FRESH=1 RUNTIME=node ROUNDS=1 part profile 150 bash bench/datasets/event-loop-ab.sh
+      for f in $(ls -S /tmp/rackfeed-prof/*.cpuprofile); do node bench/objects/cpuprof.mjs summary "$f" 40 | tee -a "$out/profile.txt"; done
+      cp /tmp/rackfeed-prof/CPU.*.*.*.0.*.cpuprofile "$out/main.cpuprofile" ;;
     consumer-start) for r in node deno; do DENO=$PWD/node_modules/deno/deno RUNTIME=$r ROUNDS=${BENCH_REPS:-2} part "consumer-start-$r" 120 bash bench/shm/consumer-start.sh; done ;;
     client) part client-node 60 node --import tsx bench/shm/client-cost.ts; part client-deno 60 node_modules/deno/deno run -A bench/shm/client-cost.ts ;;
-    *) echo "unknown part $p (gpu|transport|transport-js|bare|wrk|warm|warm-js|warm-2t|event-loop|consumer-start|client)" >&2; exit 2 ;;
+    *) echo "unknown part $p (gpu|transport|transport-js|bare|wrk|warm|warm-js|warm-2t|event-loop|profile|consumer-start|client)" >&2; exit 2 ;;
   esac
 done
