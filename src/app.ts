@@ -19,7 +19,7 @@ import { operationalRoutes } from "./http/routes/health.ts";
 import { prefetchRoutes } from "./http/routes/prefetch.ts";
 import { telemetryRoutes } from "./http/routes/telemetry.ts";
 import type { PrefetchJobs } from "./prefetch/prefetch-jobs.ts";
-import { objectRoutes } from "./http/routes/objects.ts";
+import { type ObjectHolds, objectRoutes } from "./http/routes/objects.ts";
 import type { ServedBytes } from "./http/served-bytes.ts";
 import type { Metrics } from "./metrics/prometheus.ts";
 import type { ServerStatus } from "./metrics/status.ts";
@@ -55,6 +55,8 @@ export interface AppDeps {
   readonly requestBodyBytes?: number;
   /** Reusable batch bodies and the runtime's word on when a response is out; unset: a new body per batch. */
   readonly bodies?: BatchBodies;
+  /** The bound on cached blocks that object responses are sending; unset: unbounded (tests of other parts). */
+  readonly objectHolds?: ObjectHolds;
   /** The native gather; unset: batches are copied in JavaScript. */
   readonly copier?: PieceCopier;
   readonly now: () => number;
@@ -94,7 +96,7 @@ export function createApp(deps: AppDeps): Hono {
   );
   operationalRoutes(app, { metrics: deps.metrics });
   dashboardRoutes(app, { status: deps.status });
-  objectRoutes(app, { origins: deps.origins, cache: deps.cache, served: deps.served, wrapBody: deps.wrapBody });
+  objectRoutes(app, { origins: deps.origins, cache: deps.cache, served: deps.served, wrapBody: deps.wrapBody, holds: deps.objectHolds });
   datasetRoutes(app, {
     catalog: deps.datasets,
     cache: deps.cache,

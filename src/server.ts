@@ -4,6 +4,7 @@ import type { Hono } from "hono";
 import { createApp } from "./app.ts";
 import { BatchStats } from "./batch/batch-stats.ts";
 import { BatchBodyPool } from "./batch/body-pool.ts";
+import { HeldBlocks } from "./http/held-blocks.ts";
 import { DatasetCatalog } from "./batch/dataset-catalog.ts";
 import { ReadAhead } from "./batch/read-ahead.ts";
 import { PrefetchJobs } from "./prefetch/prefetch-jobs.ts";
@@ -76,6 +77,8 @@ const MAX_PREFETCH_OBJECTS = 1_000_000;
 const SLOW_BATCHES_KEPT = 100;
 /** HTTP batches waiting for room in --batch-inflight-bytes at once (503 beyond). */
 const MAX_BATCHES_WAITING = 1024;
+/** Object responses waiting for room in --object-inflight-bytes at once (503 beyond). */
+const MAX_OBJECT_READS_WAITING = 1024;
 
 /** CPUs from which `--planning-thread auto` starts the thread: on fewer it takes a core the batches need. */
 const PLANNING_THREAD_MIN_CPUS = 4;
@@ -283,6 +286,9 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
   const bodies = env.whenDone
     ? new BatchBodyPool({ poolBytes: config.batchPoolBytes, inflightBytes: config.batchInflightBytes, maxWaiting: MAX_BATCHES_WAITING, waitMs: BATCH_WAIT_MS })
     : undefined;
+  // Cached blocks that object responses are sending, bounded: a stalled reader keeps its block
+  // alive past eviction. Waits as long as a batch may (BATCH_WAIT_MS).
+  const objectHolds = new HeldBlocks({ maxBytes: config.objectInflightBytes, maxWaiting: MAX_OBJECT_READS_WAITING, waitMs: BATCH_WAIT_MS });
   const instance = crypto.randomUUID().slice(0, 8);
   // Planning every consumer's look-ahead costs up to --read-ahead-max-steps plans each, all on the
   // event loop (~0.4 s for 512 consumers): /metrics (open to anyone) and /v1/status (the dashboard
@@ -311,6 +317,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     origins: () => [...origins.values()].map((o) => o.stats()),
     served: () => served.stats(),
     bodies: () => bodies?.stats(),
+    objectHolds: () => objectHolds.stats(),
   };
   metrics = new Metrics(sources);
   const startedAt = env.now();
@@ -343,6 +350,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     maxBatchBytes: config.maxBatchBytes,
     requestBodyBytes: config.requestBodyBytes,
     bodies: env.whenDone && bodies ? { pool: bodies, whenDone: env.whenDone, clientGone: env.clientGone } : undefined,
+    objectHolds: { holds: objectHolds, whenDone: env.whenDone },
     copier,
     now: env.now,
     log: env.log,

@@ -346,6 +346,14 @@ export const TUNABLES = {
     parse: sizeIn(4096, TiB),
     doc: "HTTP batch bodies assembled and not yet sent, all requests together; more wait (up to 30 s, then 503). At least --max-batch-bytes",
   } as Tunable<number>,
+  objectInflightBytes: {
+    key: "objectInflightBytes",
+    flag: "--object-inflight-bytes",
+    env: "RACKFEED_OBJECT_INFLIGHT_BYTES",
+    default: "1GiB",
+    parse: sizeIn(4096, TiB),
+    doc: "Cached blocks that object responses are sending, each counted once, all requests together: a reader that stops keeps its block past eviction; more wait (up to 30 s, then 503). At least --block-bytes",
+  } as Tunable<number>,
   requestBodyBytes: {
     key: "requestBodyBytes",
     flag: "--request-body-bytes",

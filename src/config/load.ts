@@ -55,6 +55,7 @@ export interface Config {
   readonly nativeGatherThreads: number;
   readonly planningThread: "auto" | "on" | "off";
   readonly batchInflightBytes: number;
+  readonly objectInflightBytes: number;
   /** Bytes of request bodies received at once, all requests together. */
   readonly requestBodyBytes: number;
   readonly maxIndexBytes: number;
@@ -254,6 +255,12 @@ export function loadConfig(src: ConfigSources): Config {
   if ((values.batchInflightBytes as number) < (values.maxBatchBytes as number)) {
     throw new ConfigError(
       `Invalid --batch-inflight-bytes: ${values.batchInflightBytes} is below --max-batch-bytes ${values.maxBatchBytes}; the largest batch could never be sent`,
+    );
+  }
+  // The default (1 GiB) holds four of the largest blocks (--block-bytes is at most 256 MiB).
+  if ((values.objectInflightBytes as number) < (values.blockBytes as number)) {
+    throw new ConfigError(
+      `Invalid --object-inflight-bytes: ${values.objectInflightBytes} is below --block-bytes ${values.blockBytes}; no object could be sent`,
     );
   }
   if ((values.blockBytes as number) > (values.memoryBytes as number)) {

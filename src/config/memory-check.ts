@@ -21,7 +21,7 @@ const gib = (bytes: number) => `${(bytes / 2 ** 30).toFixed(1)} GiB`;
  */
 export function checkMemoryBudgets(config: Config, limit: { readonly bytes: number; readonly source: string } | undefined): MemoryCheck {
   if (!limit) return {};
-  const { memoryBytes, batchInflightBytes, batchPoolBytes, shmBytes, datasetIndexBytes } = config;
+  const { memoryBytes, batchInflightBytes, objectInflightBytes, batchPoolBytes, shmBytes, datasetIndexBytes } = config;
   if (memoryBytes > limit.bytes) {
     return {
       refuse: `--memory-bytes ${gib(memoryBytes)} exceeds the memory this process may use, ${gib(limit.bytes)} (${limit.source}): ` +
@@ -29,11 +29,11 @@ export function checkMemoryBudgets(config: Config, limit: { readonly bytes: numb
     };
   }
   const shm = config.shmDir !== undefined ? shmBytes : 0;
-  const sum = memoryBytes + batchInflightBytes + batchPoolBytes + shm + datasetIndexBytes;
+  const sum = memoryBytes + batchInflightBytes + objectInflightBytes + batchPoolBytes + shm + datasetIndexBytes;
   if (sum > limit.bytes) {
     return {
-      warn: `rackfeed: warning: --memory-bytes ${gib(memoryBytes)} + --batch-inflight-bytes ${gib(batchInflightBytes)} + --batch-pool-bytes ` +
-        `${gib(batchPoolBytes)}${shm ? ` + --shm-bytes ${gib(shm)}` : ""} + --dataset-index-bytes ${gib(datasetIndexBytes)} = ${gib(sum)} exceed the memory this process may use, ` +
+      warn: `rackfeed: warning: --memory-bytes ${gib(memoryBytes)} + --batch-inflight-bytes ${gib(batchInflightBytes)} + --object-inflight-bytes ${gib(objectInflightBytes)} + ` +
+        `--batch-pool-bytes ${gib(batchPoolBytes)}${shm ? ` + --shm-bytes ${gib(shm)}` : ""} + --dataset-index-bytes ${gib(datasetIndexBytes)} = ${gib(sum)} exceed the memory this process may use, ` +
         `${gib(limit.bytes)} (${limit.source}); under full load the kernel may kill the server: lower some of them`,
     };
   }

@@ -10,6 +10,7 @@ import { CountingHistogram, type HistogramSeries } from "./counting-histogram.ts
 import { type BatchStats, SLOW_BATCH_CAUSES } from "../batch/batch-stats.ts";
 import type { ConsumerLookahead } from "../batch/read-ahead.ts";
 import type { BodyPoolStats } from "../batch/body-pool.ts";
+import type { HeldBlocksStats } from "../http/held-blocks.ts";
 import type { BlockCacheStats } from "../cache/block-cache.ts";
 import type { DiskTierStats } from "../cache/disk-tier.ts";
 import type { MemoryTierStats } from "../cache/memory-tier.ts";
@@ -35,6 +36,8 @@ export interface MetricSources {
   readonly datasetBuilds?: () => { readonly eventLoop: number; readonly worker: number };
   /** The pool of HTTP batch bodies (absent or undefined: a new body per batch). */
   readonly bodies?: () => BodyPoolStats | undefined;
+  /** Cached blocks that object responses are sending (absent: not bounded). */
+  readonly objectHolds?: () => HeldBlocksStats;
   /** Shared-memory rings and connections (absent or undefined: the shm path is off). */
   readonly shm?: () => { readonly rings: number; readonly ringBytes: number; readonly spareRings: number; readonly connections: number } | undefined;
 }
@@ -215,6 +218,16 @@ export class Metrics {
       pool((b) => [[{}, b.abandoned]]));
     counter("rackfeed_batch_refused_total", "HTTP batches refused with 503: too many waited for room, or one waited too long", [],
       pool((b) => [[{}, b.refused]]));
+    const holds = (pick: (h: HeldBlocksStats) => number) => (): Sample[] => {
+      const h = src.objectHolds?.();
+      return h ? [[{}, pick(h)]] : [];
+    };
+    gauge("rackfeed_object_inflight_bytes", "Bytes of the cached blocks object responses are sending, each counted once (bounded by --object-inflight-bytes)", [],
+      holds((h) => h.bytes));
+    gauge("rackfeed_object_inflight_blocks", "Cached blocks object responses are sending", [], holds((h) => h.blocks));
+    gauge("rackfeed_object_reads_waiting", "Object responses waiting for room under --object-inflight-bytes", [], holds((h) => h.waiting));
+    counter("rackfeed_object_reads_refused_total", "Object reads refused with 503 (or cut, once their headers were out): too many waited for room, or one waited too long", [],
+      holds((h) => h.refused));
 
     const consumerLabels = ["dataset", "rank", "world", "micro_batch"];
     const consumerSamples = (pick: (c: ConsumerLookahead) => number) => () =>

@@ -197,6 +197,16 @@ describe("loadConfig batch bodies", () => {
     expect(load(["--batch-pool-bytes", "0"]).batchPoolBytes).toBe(0);
   });
 
+  it("bounds the blocks object responses send at 1 GiB by default, at least one block, and refuses an explicit bound below a block", () => {
+    expect(load([]).objectInflightBytes).toBe(2 ** 30);
+    expect(load(["--object-inflight-bytes", "64MiB"]).objectInflightBytes).toBe(64 * 2 ** 20);
+    // Blocks of 256 MiB: four fit under the default, so it stands.
+    expect(load(["--block-bytes", "256MiB", "--memory-bytes", "1GiB"]).objectInflightBytes).toBe(2 ** 30);
+    expect(() => load(["--block-bytes", "16MiB", "--object-inflight-bytes", "8MiB"])).toThrow(
+      /--object-inflight-bytes: 8388608 is below --block-bytes 16777216; no object could be sent/,
+    );
+  });
+
   it("refuses a --max-batch-bytes over 4 GiB at start-up (Node allocates no larger buffer: such a batch was a 500)", () => {
     expect(load(["--max-batch-bytes", "4GiB"]).maxBatchBytes).toBe(4 * 2 ** 30);
     expect(() => load(["--max-batch-bytes", "16GiB"])).toThrow(/--max-batch-bytes.*between 4096 and 4294967296 bytes, received 17179869184/);

@@ -8,6 +8,8 @@ import type { OriginGateway } from "../../origin/origin-gateway.ts";
 import { evaluateRange, ifNoneMatchHits, ifRangeAllows } from "../range.ts";
 import { rawPathOf } from "../raw-path.ts";
 import { httpTransport, pullStream, type ServedBytes } from "../served-bytes.ts";
+import type { HeldBlocks } from "../held-blocks.ts";
+import type { WhenDone } from "../../runtime/listener.ts";
 import { ORIGIN_FAILURES, READ, routeDoc } from "../route-docs.ts";
 
 /** What the object routes need. */
@@ -17,6 +19,15 @@ export interface ObjectRoutesDeps {
   readonly served: ServedBytes;
   /** Wraps a one-view body for the runtime (see `ServerEnv.wrapBody`). */
   readonly wrapBody: (bytes: Uint8Array) => BodyInit;
+  /** The bound on the blocks responses are sending; unset: unbounded. */
+  readonly holds?: ObjectHolds;
+}
+
+/** The blocks object responses hold, and the runtime's word on when a one-view response is over. */
+export interface ObjectHolds {
+  readonly holds: HeldBlocks;
+  /** Unset (no runtime bindings): a one-view body's block is given back as the response is made. */
+  readonly whenDone?: WhenDone;
 }
 
 const PREFIX = "/v1/objects/";
@@ -96,15 +107,60 @@ export function objectRoutes(app: Hono, deps: ObjectRoutesDeps): void {
       const first = await chunks.next();
       const transport = httpTransport(c.env);
       if (first.done) return new Response(new Uint8Array(0), { status, headers });
+      const holds = deps.holds?.holds;
+      const block = first.value.buffer;
+      try {
+        // Room for the first block before the headers: past the bound this is a 503 to retry.
+        const wait = holds?.hold(block);
+        if (wait) await wait;
+      } catch (e) {
+        await chunks.return(undefined);
+        throw e;
+      }
       if (first.value.length === end - start) {
-        // The whole body lies in one cached block: one view, no stream machinery.
+        // The whole body lies in one cached block: one view, no stream machinery. Its block is held
+        // until the runtime says the response is over.
+        if (holds && !deps.holds?.whenDone?.(c.env, () => holds.release(block))) holds.release(block);
         deps.served.add(transport, first.value.length);
         return new Response(deps.wrapBody(first.value), { status, headers });
       }
-      const body = pullStream(prepend(first.value, chunks), (n) => deps.served.add(transport, n));
+      const body = pullStream(holds ? heldChunks(first.value, chunks, holds) : prepend(first.value, chunks), (n) => deps.served.add(transport, n));
       return new Response(body, { status, headers });
     },
   );
+}
+
+/**
+ * The chunks of a body, each block held while the runtime sends from it (`first`'s is held
+ * already): a chunk of another block is asked for only once the runtime has taken the last
+ * (the stream is pulled), so that block is given back first and a response never holds one
+ * block while it waits for another. A wait past the bound cuts the body.
+ */
+async function* heldChunks(
+  first: Uint8Array,
+  rest: AsyncGenerator<Uint8Array, void, undefined>,
+  holds: HeldBlocks,
+): AsyncGenerator<Uint8Array, void, undefined> {
+  let held: ArrayBufferLike | undefined = first.buffer;
+  try {
+    yield first;
+    for (;;) {
+      const r = await rest.next();
+      if (r.done) return;
+      const block = r.value.buffer;
+      if (block !== held) {
+        holds.release(held!);
+        held = undefined;
+        const wait = holds.hold(block);
+        if (wait) await wait;
+        held = block;
+      }
+      yield r.value;
+    }
+  } finally {
+    if (held !== undefined) holds.release(held);
+    await rest.return(undefined);
+  }
 }
 
 async function* prepend(
