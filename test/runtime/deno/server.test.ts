@@ -339,3 +339,38 @@ Deno.test("the SDK retries a refused connection for a dataset whose name holds \
   assert.equal(err?.code, "UNAVAILABLE");
   assert.equal(c.retried, 3);
 });
+
+Deno.test("bounds the cached blocks that stalled object readers hold; a reader past the bound waits for room, then gets every byte", async () => {
+  const MiB = 2 ** 20;
+  const SIZE = 24 * MiB; // more than loopback's socket buffers hold for a reader that stops
+  const objects = [0, 1, 2].map((i) => {
+    const b = pattern(SIZE);
+    b[i] ^= 0xff; // three different objects
+    return b;
+  });
+  await withServer(["--block-bytes", "1MiB", "--part-bytes", "1MiB", "--memory-bytes", "256MiB", "--object-inflight-bytes", "2MiB"], async (url, dir) => {
+    for (let i = 0; i < objects.length; i++) await Deno.writeFile(`${dir}/origin/big${i}.bin`, objects[i]);
+    const gauge = async (name: string) => Number(new RegExp(`^${name} (\\d+)$`, "m").exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+    const { port } = new URL(url);
+    const stalled = await Promise.all([0, 1].map(async (i) => {
+      const conn = await Deno.connect({ hostname: "127.0.0.1", port: Number(port) });
+      await conn.write(new TextEncoder().encode(`GET /v1/objects/data/big${i}.bin HTTP/1.1\r\nHost: x\r\n\r\n`));
+      return conn; // and reads nothing
+    }));
+    const open = new Set(stalled);
+    try {
+      await waitUntil(async () => (await gauge("rackfeed_object_inflight_bytes")) === 2 * MiB, "two stalled readers to hold a block each");
+      const third = fetch(`${url}/v1/objects/data/big2.bin`);
+      await waitUntil(async () => (await gauge("rackfeed_object_reads_waiting")) === 1, "the third reader to wait for room");
+      stalled[0].close();
+      open.delete(stalled[0]);
+      const res = await third;
+      assert.equal(res.status, 200);
+      assert.ok(Buffer.compare(new Uint8Array(await res.arrayBuffer()), objects[2]) === 0, "the third object's bytes differ");
+      assert.ok((await gauge("rackfeed_object_inflight_bytes")) <= 2 * MiB);
+    } finally {
+      for (const c of open) c.close();
+    }
+    await waitUntil(async () => (await gauge("rackfeed_object_inflight_bytes")) === 0, "every block given back once the readers are gone");
+  }, { whenDone: whenDoneDeno, clientGone: clientGoneDeno, wrapBody: denoBody });
+});
