@@ -169,3 +169,56 @@ export class HeldBlocks {
     }
   }
 }
+
+/**
+ * One response's share of `HeldBlocks`: the block it is sending now, at most one, until the
+ * response is over. `take` gives the block held before back before it waits for the next (a
+ * response never holds one while it waits for another), and `end` gives back what is held and
+ * takes nothing after: it is called both when the body's stream ends and when the runtime says
+ * the response is over, whichever comes first, since a body stream the runtime never reads (its
+ * client left before the headers went out) is neither pulled nor ended.
+ */
+export class ResponseBlockHold {
+  readonly #blocks: HeldBlocks;
+  #held: ArrayBufferLike | undefined;
+  #over = false;
+
+  /** @param blocks the server's bound */
+  constructor(blocks: HeldBlocks) {
+    this.#blocks = blocks;
+  }
+
+  /**
+   * Holds `buffer` for this response, giving back the block held before.
+   *
+   * @returns undefined when held now (or the response is over), else a promise of the hold
+   * @throws {OverloadedError} (the promise rejects) as `HeldBlocks.hold`
+   */
+  take(buffer: ArrayBufferLike): Promise<void> | undefined {
+    if (this.#over || buffer === this.#held) return undefined;
+    this.#drop();
+    const wait = this.#blocks.hold(buffer);
+    if (wait === undefined) {
+      this.#held = buffer;
+      return undefined;
+    }
+    return wait.then(() => {
+      // Over while it waited: nobody will send from it.
+      if (this.#over) this.#blocks.release(buffer);
+      else this.#held = buffer;
+    });
+  }
+
+  /** The response is over: gives back its block; later `take`s hold nothing. Idempotent. */
+  end(): void {
+    this.#over = true;
+    this.#drop();
+  }
+
+  #drop(): void {
+    if (this.#held === undefined) return;
+    const b = this.#held;
+    this.#held = undefined;
+    this.#blocks.release(b);
+  }
+}

@@ -1,7 +1,7 @@
 /** The bound on cached blocks that object responses are sending (`HeldBlocks`). */
 import { describe, expect, it } from "vitest";
 import { OverloadedError } from "../../src/errors.ts";
-import { HeldBlocks } from "../../src/http/held-blocks.ts";
+import { HeldBlocks, ResponseBlockHold } from "../../src/http/held-blocks.ts";
 
 /** A timer the test fires by hand. */
 function manualTimers() {
@@ -105,5 +105,35 @@ describe("HeldBlocks", () => {
     expect(() => holds.release(block(10))).toThrow(/not held/);
     expect(() => new HeldBlocks({ maxBytes: 0, maxWaiting: 1, waitMs: 1 })).toThrow(/maxBytes must be at least 1/);
     expect(() => new HeldBlocks({ maxBytes: 1.5, maxWaiting: 1, waitMs: 1 })).toThrow(/maxBytes must be a non-negative integer: received 1.5/);
+  });
+});
+
+describe("ResponseBlockHold", () => {
+  it("holds one block at a time, giving the last back before it takes the next", () => {
+    const holds = new HeldBlocks({ maxBytes: 100, maxWaiting: 4, waitMs: 60_000 });
+    const r = new ResponseBlockHold(holds);
+    const a = block(60), b = block(60);
+    expect(r.take(a)).toBeUndefined();
+    expect(r.take(a)).toBeUndefined(); // the same block again: still one hold
+    expect(holds.stats()).toEqual({ bytes: 60, blocks: 1, waiting: 0, refused: 0 });
+    expect(r.take(b)).toBeUndefined(); // fits only because a went back first
+    expect(holds.stats()).toEqual({ bytes: 60, blocks: 1, waiting: 0, refused: 0 });
+    r.end();
+    r.end();
+    expect(holds.stats().bytes).toBe(0);
+    expect(r.take(a)).toBeUndefined(); // over: takes nothing
+    expect(holds.stats().bytes).toBe(0);
+  });
+
+  it("gives back a block granted after the response ended while it waited", async () => {
+    const holds = new HeldBlocks({ maxBytes: 100, maxWaiting: 4, waitMs: 60_000 });
+    const other = block(80);
+    holds.hold(other);
+    const r = new ResponseBlockHold(holds);
+    const w = r.take(block(80))!;
+    r.end(); // its client left while it waited
+    holds.release(other);
+    await w;
+    expect(holds.stats()).toEqual({ bytes: 0, blocks: 0, waiting: 0, refused: 0 });
   });
 });

@@ -67,6 +67,25 @@ describe("object readers that stop reading", () => {
     await waitFor(async () => (await held()) === 0, "every block given back once the readers are gone");
   });
 
+  it("gives back the block of a reader that left while it waited for room (its body is never read)", async () => {
+    const a = await stalledReader("/v1/objects/data/big0.bin");
+    const b = await stalledReader("/v1/objects/data/big1.bin");
+    try {
+      await waitFor(async () => (await held()) === 2 * MiB, "two stalled readers to hold a block each");
+      const leaver = await stalledReader("/v1/objects/data/big2.bin");
+      await waitFor(async () => (await waiting()) === 1, "the leaver to wait for room");
+      leaver.destroy();
+      await new Promise((r) => setTimeout(r, 100)); // the server sees it go
+      a.destroy(); // room: the leaver's turn comes, and its response has nobody to go to
+      await waitFor(async () => (await waiting()) === 0, "the leaver's turn");
+      await waitFor(async () => (await held()) === MiB, "the leaver's block given back (b's alone held)");
+    } finally {
+      a.destroy();
+      b.destroy();
+    }
+    await waitFor(async () => (await held()) === 0, "every block given back once the readers are gone");
+  });
+
   it("bounds the blocks of HTTP/2 streams that stop reading, in one session", async () => {
     const session = http2.connect(rf.url);
     try {

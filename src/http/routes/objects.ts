@@ -8,7 +8,7 @@ import type { OriginGateway } from "../../origin/origin-gateway.ts";
 import { evaluateRange, ifNoneMatchHits, ifRangeAllows } from "../range.ts";
 import { rawPathOf } from "../raw-path.ts";
 import { httpTransport, pullStream, type ServedBytes } from "../served-bytes.ts";
-import type { HeldBlocks } from "../held-blocks.ts";
+import { type HeldBlocks, ResponseBlockHold } from "../held-blocks.ts";
 import type { WhenDone } from "../../runtime/listener.ts";
 import { ORIGIN_FAILURES, READ, routeDoc } from "../route-docs.ts";
 
@@ -107,24 +107,26 @@ export function objectRoutes(app: Hono, deps: ObjectRoutesDeps): void {
       const first = await chunks.next();
       const transport = httpTransport(c.env);
       if (first.done) return new Response(new Uint8Array(0), { status, headers });
-      const holds = deps.holds?.holds;
-      const block = first.value.buffer;
+      const hold = deps.holds ? new ResponseBlockHold(deps.holds.holds) : undefined;
       try {
         // Room for the first block before the headers: past the bound this is a 503 to retry.
-        const wait = holds?.hold(block);
+        const wait = hold?.take(first.value.buffer);
         if (wait) await wait;
       } catch (e) {
         await chunks.return(undefined);
         throw e;
       }
+      // Given back when the runtime says the response is over, which also covers a body it never
+      // reads (its client left before the headers went out); where it cannot say, when the body
+      // is made (one view) or its stream ends.
+      const watched = hold !== undefined && deps.holds!.whenDone?.(c.env, () => hold.end()) === true;
       if (first.value.length === end - start) {
-        // The whole body lies in one cached block: one view, no stream machinery. Its block is held
-        // until the runtime says the response is over.
-        if (holds && !deps.holds?.whenDone?.(c.env, () => holds.release(block))) holds.release(block);
+        // The whole body lies in one cached block: one view, no stream machinery.
+        if (!watched) hold?.end();
         deps.served.add(transport, first.value.length);
         return new Response(deps.wrapBody(first.value), { status, headers });
       }
-      const body = pullStream(holds ? heldChunks(first.value, chunks, holds) : prepend(first.value, chunks), (n) => deps.served.add(transport, n));
+      const body = pullStream(hold ? heldChunks(first.value, chunks, hold) : prepend(first.value, chunks), (n) => deps.served.add(transport, n));
       return new Response(body, { status, headers });
     },
   );
@@ -132,33 +134,26 @@ export function objectRoutes(app: Hono, deps: ObjectRoutesDeps): void {
 
 /**
  * The chunks of a body, each block held while the runtime sends from it (`first`'s is held
- * already): a chunk of another block is asked for only once the runtime has taken the last
- * (the stream is pulled), so that block is given back first and a response never holds one
- * block while it waits for another. A wait past the bound cuts the body.
+ * already): a chunk of another block is asked for only once the runtime has taken the last (the
+ * stream is pulled), so `hold.take` gives that block back first. A wait past the bound cuts the
+ * body.
  */
 async function* heldChunks(
   first: Uint8Array,
   rest: AsyncGenerator<Uint8Array, void, undefined>,
-  holds: HeldBlocks,
+  hold: ResponseBlockHold,
 ): AsyncGenerator<Uint8Array, void, undefined> {
-  let held: ArrayBufferLike | undefined = first.buffer;
   try {
     yield first;
     for (;;) {
       const r = await rest.next();
       if (r.done) return;
-      const block = r.value.buffer;
-      if (block !== held) {
-        holds.release(held!);
-        held = undefined;
-        const wait = holds.hold(block);
-        if (wait) await wait;
-        held = block;
-      }
+      const wait = hold.take(r.value.buffer);
+      if (wait) await wait;
       yield r.value;
     }
   } finally {
-    if (held !== undefined) holds.release(held);
+    hold.end();
     await rest.return(undefined);
   }
 }
