@@ -53,7 +53,7 @@ describe("rackfeed command line (Node entry)", () => {
       "--memory-bytes", String(totalmem() - GiB), "--batch-inflight-bytes", String(2 * GiB),
     ], cwd);
     try {
-      expect(server.output()).toMatch(/rackfeed: warning: --memory-bytes [\d.]+ GiB \+ --batch-inflight-bytes 2\.0 GiB \+ --batch-pool-bytes 0\.1 GiB \+ --dataset-index-bytes 4\.0 GiB = [\d.]+ GiB exceed the memory this process may use/);
+      expect(server.output()).toMatch(/rackfeed: warning: --memory-bytes [\d.]+ GiB \+ --batch-inflight-bytes 2\.0 GiB \+ --object-inflight-bytes 1\.0 GiB \+ --batch-pool-bytes 0\.1 GiB \+ --dataset-index-bytes 4\.0 GiB = [\d.]+ GiB exceed the memory this process may use/);
       expect((await fetch(`${server.url}/healthz`)).status).toBe(200);
     } finally {
       expect(await server.stop()).toBe(0);
