@@ -132,11 +132,11 @@ class MessageReader {
  *
  * @returns the server instance id from `welcome`, and whether it takes `timings`
  */
-async function greet(socket: LocalSocket, reader: MessageReader, token: string | undefined): Promise<{ instance: string; timings: boolean }> {
+async function greet(socket: LocalSocket, reader: MessageReader, token: string | undefined): Promise<{ instance: string; timings: boolean; stop: boolean }> {
   send(socket, { t: "hello", version: SHM_PROTOCOL_VERSION, ...(token ? { token } : {}) });
   const w = await reader.next();
   if (w.t !== "welcome") throw new ShmError(0, "BAD_RESPONSE", `Expected "welcome", got "${String(w.t)}"`);
-  return { instance: String(w.instance), timings: w.timings === true };
+  return { instance: String(w.instance), timings: w.timings === true, stop: w.stop === true };
 }
 
 function send(socket: LocalSocket, m: ClientMessage): void {
@@ -206,9 +206,14 @@ export async function* shmBatches(
   // once the ring is open).
   let releaseAll: (() => void) | undefined;
   let failed = false;
+  // Set once the server's `end` is reached; a loop left before it (a `break`) says `stop` where
+  // the server takes it, so that its ring can serve the next consumer.
+  let complete = false;
+  let offersStop = false;
   try {
     const reader = new MessageReader(socket);
     const got = await withTimeout(greet(socket, reader, token), socket, WELCOME_TIMEOUT_MS);
+    offersStop = got.stop;
     if (instance !== undefined && got.instance !== instance) {
       throw new ShmError(0, "NOT_COLOCATED", `Socket ${socketPath} leads to server ${got.instance}, not ${instance}`);
     }
@@ -284,7 +289,10 @@ export async function* shmBatches(
     }
     for (let step = c.startStep;; step++) {
       c.signal?.throwIfAborted();
-      if (ended && step >= endStep) return;
+      if (ended && step >= endStep) {
+        complete = true;
+        return;
+      }
       const { slot, generation } = slotOfStep(step, c.startStep, layout.slots);
       let h = poll && step < endStep ? readHeader(slot) : undefined;
       if (h && h.generation !== generation && transport.nextTurn) {
@@ -306,7 +314,10 @@ export async function* shmBatches(
         if (m.t === "end") {
           // Every step before `end` was published before it was sent; a polling client may still
           // have some to read (its `wait` crossed the `end`).
-          if (step >= Number(m.step)) return;
+          if (step >= Number(m.step)) {
+            complete = true;
+            return;
+          }
           endStep = Number(m.step);
           ended = true;
           h = readHeader(slot);
@@ -353,7 +364,12 @@ export async function* shmBatches(
     // gives a ring to the next consumer only when its client released every slot and closed the
     // connection itself; an abort closed it already, with the caller's batch held, and a
     // failure leaves the ring as it is: neither is reused.
-    if (!failed) releaseAll?.();
+    if (!failed) {
+      releaseAll?.();
+      // Left before the end: the server stops filling and takes the slots it filled ahead as
+      // released, after the release of the batch last yielded (the ring is unmapped just below).
+      if (!complete && offersStop && releaseAll !== undefined) socket.write(encodeFrame({ t: "stop" }));
+    }
     ring?.close();
     socket.close();
   }

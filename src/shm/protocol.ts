@@ -167,6 +167,12 @@ export type ClientMessage =
     readonly notify?: "all" | "wait";
   }
   | { readonly t: "release"; readonly slot: number; readonly generation: number }
+  /**
+   * The client reads no more of the ring (a consumer that stops before its end): the server
+   * fills no more slots and takes every published slot as released, so the ring may serve the
+   * next consumer once the client closes. Only to a server whose `welcome` says `stop: true`.
+   */
+  | { readonly t: "stop" }
   /** The client found step `step` not yet published and blocks on the socket until it is. */
   | { readonly t: "wait"; readonly step: number }
   /**
@@ -185,6 +191,8 @@ export type ServerMessage =
     readonly instance: string;
     /** The server takes `timings` messages (absent: report them over HTTP). */
     readonly timings?: boolean;
+    /** The server takes `stop` (absent: a consumer that stops early leaves no ring to reuse). */
+    readonly stop?: boolean;
   }
   | {
     readonly t: "ring";

@@ -134,6 +134,8 @@ export class ShmConnection {
   #queue: Promise<void> = Promise.resolve();
   /** The consumer's `endStep`, once `end` has been sent: a `wait` at or past it is answered with `end` again. */
   #endedAt: number | undefined;
+  /** The client sent `stop`: nothing more is filled, published or held. */
+  #stopped = false;
   /** The opened consumer's dataset: the label of its `timings`. */
   #dataset: string | undefined;
   /** The dataset version this consumer's ring is filled from (see `versionReplaced`). */
@@ -382,7 +384,7 @@ export class ShmConnection {
         return;
       }
       this.#greeted = true;
-      this.#send({ t: "welcome", version: SHM_PROTOCOL_VERSION, instance: this.#o.instance, ...(this.#o.onTimings ? { timings: true } : {}) });
+      this.#send({ t: "welcome", version: SHM_PROTOCOL_VERSION, instance: this.#o.instance, stop: true, ...(this.#o.onTimings ? { timings: true } : {}) });
       return;
     }
     if (m.t === "open") return await (this.#opening = this.#open(m));
@@ -395,7 +397,22 @@ export class ShmConnection {
     if (m.t === "release") return this.#release(m);
     if (m.t === "wait") return this.#wait(m);
     if (m.t === "timings") return this.#timings(m as unknown as DecodedTimings);
-    throw new ShmProtocolError(`Unknown message "${String(m.t)}": expected open, release, wait or timings`);
+    if (m.t === "stop") return this.#stop();
+    throw new ShmProtocolError(`Unknown message "${String(m.t)}": expected open, release, wait, timings or stop`);
+  }
+
+  /**
+   * The client reads no more of the ring: no slot is filled or published from here on, and every
+   * published one counts as released (the client says it holds none, as a release would; only
+   * `timings` may follow). Its ring may then serve the next consumer once the client closes the
+   * connection, once the copies in flight have landed (`end` waits for the fill loop).
+   */
+  #stop(): void {
+    if (!this.#ring) throw new ShmProtocolError('"stop" needs an open consumer: send "open" first');
+    this.#stopped = true;
+    this.#held.clear();
+    this.#pending.length = 0;
+    this.#wake?.();
   }
 
   /** Hands a `timings` message's steps to the metrics, under the connection's dataset. */
@@ -584,7 +601,7 @@ export class ShmConnection {
           // The client may be waiting for a batch still being copied: publish those first.
           if (!(await this.#publishBefore(inFlight, Infinity, reg, consumer))) return;
           this.#flush(); // the client must hear of every batch before we sleep on its releases
-          while (this.#held.has(slot) && !this.#closed) await new Promise<void>((r) => (this.#wake = r));
+          while (this.#held.has(slot) && !this.#closed && !this.#stopped) await new Promise<void>((r) => (this.#wake = r));
           // Releases come a group at a time, in one chunk: the first wakes this loop. Let the rest
           // be handled too, so that the steps after this one can be copied with it.
           if (group > 1) await this.#queue;
@@ -593,7 +610,7 @@ export class ShmConnection {
           await new Promise<void>((r) => setImmediate(r));
           sliceStart = this.#o.now();
         }
-        if (this.#closed) return;
+        if (this.#closed || this.#stopped) return;
         unit++;
         const t0 = this.#o.now();
         const runs = group > 1 ? this.#residentRuns(reg, consumer, step, Math.min(group, end - step, slots - inFlight.length), from) : [];
@@ -665,7 +682,7 @@ export class ShmConnection {
    */
   async #publishOldest(inFlight: Filling[], reg: RegisteredDataset, consumer: ConsumerKey): Promise<boolean> {
     const done = await inFlight[0].batch;
-    if (this.#closed) return false;
+    if (this.#closed || this.#stopped) return false;
     const unit = inFlight[0].unit;
     let n = 1;
     if (Array.isArray(done)) while (n < inFlight.length && inFlight[n].unit === unit) n++;

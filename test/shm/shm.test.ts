@@ -302,6 +302,39 @@ describe("shared-memory fast path", () => {
     expect(ringsIn(".ring")).toEqual([]);
   });
 
+  it("keeps the ring of an SDK consumer that stops early (a break) for the next consumer, whose batches are its own", async () => {
+    const dir = join(ws.dir, "shm-break-spare");
+    const ringsIn = (kind: string) => (existsSync(dir) ? readdirSync(dir).filter((n) => n.endsWith(kind)) : []);
+    const server = await startServer(ws, [...dataset, "--shm-dir", dir, "--cache-dir", join(ws.dir, "c-break-spare")]);
+    try {
+      const want = await httpSamples(server.url, 0, 200);
+      const per = want.length / 200;
+      const c = new RackfeedClient({ url: server.url, local: localTransport() });
+      // Steps 0-4 of 100: the server has filled the slots after them when the loop leaves.
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, endStep: 100 })) {
+        expect(b.transport).toBe("shm");
+        if (b.step === 4) break;
+      }
+      await waitFor(async () => ringsIn(".spare").length === 1 && (await server.metric("rackfeed_shm_spare_rings")) === 1, "the ring kept as a spare");
+      const inode = statSync(join(dir, ringsIn(".spare")[0])).ino;
+      // The next consumer gets it, and reads its own steps (none of the first one's).
+      let n = 0;
+      let path = "";
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 1, startStep: 120, endStep: 160 })) {
+        if (n++ === 0) {
+          path = join(dir, ringsIn(".ring")[0]);
+          expect(statSync(path).ino).toBe(inode);
+        }
+        expectSameBytes(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength), want.subarray(b.step * per, (b.step + 1) * per), `step ${b.step}`);
+      }
+      expect(n).toBe(40);
+      expect(path).not.toBe("");
+      await c.close();
+    } finally {
+      await server.close();
+    }
+  });
+
   it("never gives another consumer a ring its client may still read: cut off by the server, or closed holding a batch", async () => {
     const dir = join(ws.dir, "shm-unsafe-reuse");
     const server = await startServer(ws, [...dataset, "--shm-dir", dir]);
@@ -574,6 +607,8 @@ describe("shared-memory fast path", () => {
     expect(String(badNotify.message)).toMatch(/Invalid "notify": "sometimes"; expected "all" or "wait"/);
     const earlyWait = await exchange([hello, encodeFrame({ t: "wait", step: 0 })], 2);
     expect(String(earlyWait.message)).toMatch(/"wait" needs an open consumer with notify "wait"/);
+    const earlyStop = await exchange([hello, encodeFrame({ t: "stop" })], 2);
+    expect(String(earlyStop.message)).toMatch(/"stop" needs an open consumer: send "open" first/);
     // Still serving.
     expect((await fetch(`${rf.url}/healthz`)).status).toBe(200);
     expect(await rf.metric("rackfeed_shm_rings")).toBe(0);
