@@ -440,6 +440,10 @@ export class ShmConnection {
     }
     const reg = await this.#o.catalog.get(m.dataset);
     if (this.#closed) return; // the peer left while the catalog answered: make no ring
+    // Known from here, not once the ring is made: a version replaced while the ring's pages are
+    // written (milliseconds) must end this consumer too (`versionReplaced`), or it would be filled
+    // from the old version to its last step.
+    this.#reg = reg;
     const steps = fullSteps(reg.dataset.numSamples, world, microBatch);
     const endStep = m.endStep === undefined ? steps : Math.min(int(m, "endStep", 0, Number.MAX_SAFE_INTEGER), steps);
     const cols = reg.dataset.windowLength;
@@ -471,7 +475,6 @@ export class ShmConnection {
     const slots = layout.slots;
     this.#round = { startStep, endStep, slots, notify: m.notify === "wait" ? "wait" : "all" };
     this.#dataset = reg.name;
-    this.#reg = reg;
     this.#send({
       t: "ring",
       path: this.#ring.path,

@@ -1135,6 +1135,35 @@ describe("shared-memory fast path", () => {
     }
   });
 
+  it("ends a consumer whose dataset is replaced while its ring is being made (it would be filled from the old version)", async () => {
+    const dir = join(ws.dir, "shm-replaced-while-made");
+    let replaceNow: (() => void) | undefined;
+    const server = await startServer(ws, [...dataset, "--shm-dir", dir, "--cache-dir", join(ws.dir, "rwm")], {
+      // Called as the ring file is made, after the consumer's dataset was looked up: a
+      // re-registration landing then (the ring's pages take milliseconds to write).
+      mapFile: () => {
+        replaceNow?.();
+        replaceNow = undefined;
+        return undefined;
+      },
+    });
+    try {
+      const shm = (await server.server.startShm(0))!;
+      const old = await server.server.datasets.get("d");
+      replaceNow = () => shm.versionReplaced(old);
+      const { s, next } = await greetedControl(join(dir, `rackfeed-${new URL(server.url).port}.sock`));
+      try {
+        s.write(encodeFrame({ t: "open", dataset: "d", rank: 0, world: 1, microBatch: 1, startStep: 0, endStep: 10, notify: "wait" }));
+        expect(await next()).toMatchObject({ t: "error", code: "DATASET_REPLACED", status: 503 });
+      } finally {
+        s.close();
+      }
+      await waitFor(async () => (await server.metric("rackfeed_shm_rings")) === 0 && (await server.metric("rackfeed_shm_ring_bytes")) === 0, "its ring removed");
+    } finally {
+      await server.close();
+    }
+  });
+
   it("ends a consumer whose dataset is replaced: the SDK resumes over shm at its next step on the new version, no gap", async () => {
     const port = await freePort();
     const dir = join(ws.dir, "shm-replaced");
