@@ -1141,10 +1141,10 @@ describe("shared-memory fast path", () => {
     const server = await startServer(ws, [...dataset, "--shm-dir", dir, "--cache-dir", join(ws.dir, "rwm")], {
       // Called as the ring file is made, after the consumer's dataset was looked up: a
       // re-registration landing then (the ring's pages take milliseconds to write).
-      mapFile: () => {
+      mapFile: (path, bytes) => {
         replaceNow?.();
         replaceNow = undefined;
-        return undefined;
+        return loadNodeMapping()!(path, bytes, true);
       },
     });
     try {
