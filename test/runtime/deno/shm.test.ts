@@ -264,3 +264,32 @@ Deno.test("plans coming steps on a planning thread (Deno), the batches byte-iden
     assert.ok(ahead > 0, `${ahead} of 700 steps planned on the planning thread`);
   });
 });
+
+Deno.test("a Deno consumer that breaks early says stop: its ring is kept for the next consumer, whose batches are its own", async () => {
+  await withDenoShmServer({}, async (url, dir) => {
+    const c = createClient({ url });
+    const want = new Uint8Array(await (await fetch(`${url}/v1/datasets/t/samples?start=0&count=1400`)).arrayBuffer());
+    const per = (want.length / 1400) * 2; // micro-batch 2
+    let kept: Uint8Array | undefined;
+    for await (const b of c.batches("t", { rank: 0, world: 1, microBatch: 2, endStep: 700 })) {
+      kept = new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength);
+      if (b.step === 6) break; // the server has filled the slots after step 6
+    }
+    // The view kept past the loop reads zeros (the SDK gave the ring's pages back), never the next consumer's tokens.
+    assert.ok(kept !== undefined && kept.every((t) => t === 0));
+    const spares = () => [...Deno.readDirSync(`${dir}/shm`)].filter((e) => e.name.endsWith(".spare")).map((e) => e.name);
+    for (let i = 0; i < 200 && spares().length === 0; i++) await new Promise((r) => setTimeout(r, 20));
+    assert.equal(spares().length, 1, "the ring kept as a spare");
+    const inode = Deno.statSync(`${dir}/shm/${spares()[0]}`).ino;
+    let n = 0;
+    for await (const b of c.batches("t", { rank: 0, world: 1, microBatch: 2, startStep: 300, endStep: 400 })) {
+      if (n++ === 0) {
+        const rings = [...Deno.readDirSync(`${dir}/shm`)].filter((e) => e.name.endsWith(".ring"));
+        assert.equal(Deno.statSync(`${dir}/shm/${rings[0].name}`).ino, inode, "the spare ring reused");
+      }
+      assert.deepEqual(new Uint8Array(b.tokens.buffer, b.tokens.byteOffset, b.tokens.byteLength), want.subarray(b.step * per, (b.step + 1) * per), `step ${b.step}`);
+    }
+    assert.equal(n, 100);
+    await c.close();
+  });
+});
