@@ -87,7 +87,6 @@ export class HeldBlocks {
    *
    * @returns undefined when held now (no promise on the common path), else a promise of the hold
    * @throws {OverloadedError} (the promise rejects) when too many wait already or the wait timed out
-   * @throws {RangeError} when the buffer alone exceeds the bound (a configuration error)
    */
   hold(buffer: ArrayBufferLike): Promise<void> | undefined {
     const n = this.#counts.get(buffer);
@@ -95,11 +94,8 @@ export class HeldBlocks {
       this.#counts.set(buffer, n + 1);
       return undefined;
     }
-    if (buffer.byteLength > this.#o.maxBytes) {
-      throw new RangeError(`Cannot hold a block of ${buffer.byteLength} bytes: it exceeds the bound of ${this.#o.maxBytes} bytes`);
-    }
     // In order of arrival: a small block does not pass others that wait.
-    if (this.#waiters.length === 0 && this.#bytes + buffer.byteLength <= this.#o.maxBytes) {
+    if (this.#waiters.length === 0 && this.#fits(buffer)) {
       this.#add(buffer);
       return undefined;
     }
@@ -122,6 +118,15 @@ export class HeldBlocks {
   /** A snapshot of the counters. */
   stats(): HeldBlocksStats {
     return { bytes: this.#bytes, blocks: this.#counts.size, waiting: this.#waiters.length, refused: this.#refused };
+  }
+
+  /**
+   * Whether `buffer` fits beside the blocks held. One larger than the whole bound fits when
+   * nothing else is held: a block read from the NVMe tier is a view of its file, header
+   * included, a little more than `--block-bytes`, which the bound may equal.
+   */
+  #fits(buffer: ArrayBufferLike): boolean {
+    return this.#bytes + buffer.byteLength <= this.#o.maxBytes || this.#bytes === 0;
   }
 
   #add(buffer: ArrayBufferLike): void {
@@ -160,7 +165,7 @@ export class HeldBlocks {
       const w = this.#waiters[0];
       const n = this.#counts.get(w.buffer);
       if (n !== undefined) this.#counts.set(w.buffer, n + 1); // another response holds it meanwhile: no new bytes
-      else if (this.#bytes + w.buffer.byteLength > this.#o.maxBytes) return;
+      else if (!this.#fits(w.buffer)) return;
       // Counted here, not when the waiter resumes (a microtask later): the next one must see it taken.
       else this.#add(w.buffer);
       this.#waiters.shift();

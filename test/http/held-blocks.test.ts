@@ -99,9 +99,19 @@ describe("HeldBlocks", () => {
     expect(holds.stats().refused).toBe(1);
   });
 
-  it("refuses a block larger than the bound, and a release of a block not held", () => {
-    const holds = new HeldBlocks({ maxBytes: 100, maxWaiting: 1, waitMs: 1 });
-    expect(() => holds.hold(block(101))).toThrow(/block of 101 bytes: it exceeds the bound of 100 bytes/);
+  it("holds a block larger than the bound alone (an NVMe block is its file, header included), and refuses a release of a block not held", async () => {
+    const holds = new HeldBlocks({ maxBytes: 100, maxWaiting: 4, waitMs: 60_000 });
+    const big = block(101), small = block(10);
+    expect(holds.hold(big)).toBeUndefined(); // nothing else held
+    const w = holds.hold(small)!; // waits: nothing fits beside it
+    expect(holds.stats()).toEqual({ bytes: 101, blocks: 1, waiting: 1, refused: 0 });
+    const w2 = holds.hold(block(101))!; // waits for the count to be 0 again
+    holds.release(big);
+    await w;
+    expect(holds.stats()).toEqual({ bytes: 10, blocks: 1, waiting: 1, refused: 0 });
+    holds.release(small);
+    await w2;
+    expect(holds.stats().bytes).toBe(101);
     expect(() => holds.release(block(10))).toThrow(/not held/);
     expect(() => new HeldBlocks({ maxBytes: 0, maxWaiting: 1, waitMs: 1 })).toThrow(/maxBytes must be at least 1/);
     expect(() => new HeldBlocks({ maxBytes: 1.5, maxWaiting: 1, waitMs: 1 })).toThrow(/maxBytes must be a non-negative integer: received 1.5/);

@@ -115,3 +115,26 @@ describe("object readers that stop reading", () => {
     await waitFor(async () => (await held()) === 0, "every block given back once the streams are gone");
   });
 });
+
+describe("a bound of one block", () => {
+  it("serves blocks read back from the NVMe tier, a little larger than a block with their file header", async () => {
+    const ws2 = await makeWorkspace();
+    const body = patternBytes(64 * 65536, 5);
+    await ws2.put("o.bin", body);
+    // Memory for 16 of its 64 blocks: the others are evicted to the NVMe tier and read back from there.
+    const rf2 = await startServer(ws2, ["--block-bytes", "64KiB", "--part-bytes", "64KiB", "--memory-bytes", "1MiB", "--object-inflight-bytes", "64KiB"]);
+    try {
+      const first = await fetch(`${rf2.url}/v1/objects/data/o.bin`);
+      expectSameBytes(new Uint8Array(await first.arrayBuffer()), body);
+      await waitFor(async () => (await rf2.metric("rackfeed_disk_writes_total", { result: "ok" })) >= 8, "blocks on the NVMe tier");
+      const again = await fetch(`${rf2.url}/v1/objects/data/o.bin`);
+      expect(again.status).toBe(200);
+      expectSameBytes(new Uint8Array(await again.arrayBuffer()), body);
+      expect(await rf2.metric("rackfeed_cache_hits_total", { tier: "disk" })).toBeGreaterThan(0);
+      await waitFor(async () => (await rf2.metric("rackfeed_object_inflight_bytes")) === 0, "every block given back");
+    } finally {
+      await rf2.close();
+      await ws2.remove();
+    }
+  });
+});
