@@ -9,6 +9,7 @@
 
 import { Buffer } from "node:buffer";
 import { OverloadedError } from "../errors.ts";
+import { RoomQueue, type SetTimer } from "../http/room-queue.ts";
 
 /** What a pool has done since it was made. */
 export interface BodyPoolStats {
@@ -43,7 +44,7 @@ export interface BodyPoolOptions {
   /** How long a lease may wait, in ms; then it is refused. */
   readonly waitMs: number;
   /** Timer (tests inject one). */
-  readonly setTimer?: (fn: () => void, ms: number) => { clear(): void };
+  readonly setTimer?: SetTimer;
 }
 
 /** A body leased for one response; `end` must be called exactly once. */
@@ -58,13 +59,6 @@ export interface BodyLease {
   end(reusable: boolean): void;
   /** Ends the lease unused (its client is gone; the body was never written or handed out), counted. */
   abandon(): void;
-}
-
-interface Waiter {
-  readonly bytes: number;
-  readonly resolve: () => void;
-  readonly reject: (e: unknown) => void;
-  timer?: { clear(): void };
 }
 
 /**
@@ -83,16 +77,15 @@ interface Waiter {
  */
 export class BatchBodyPool {
   readonly #o: BodyPoolOptions;
-  readonly #setTimer: NonNullable<BodyPoolOptions["setTimer"]>;
   /** Free bodies by length; Map order is recency of use (oldest first). */
   readonly #free = new Map<number, Uint8Array[]>();
-  readonly #waiters: Waiter[] = [];
+  /** Leases waiting for bytes in flight, by their byte counts. */
+  readonly #line: RoomQueue<number>;
   #bytes = 0;
   #inflight = 0;
   #reused = 0;
   #allocated = 0;
   #dropped = 0;
-  #refused = 0;
   #abandoned = 0;
 
   /**
@@ -105,15 +98,23 @@ export class BatchBodyPool {
     }
     if (opts.inflightBytes === 0) throw new RangeError("Cannot create BatchBodyPool: inflightBytes must be at least 1: received 0");
     this.#o = opts;
-    this.#setTimer = opts.setTimer ?? ((fn, ms) => {
-      const t = setTimeout(fn, ms);
-      return { clear: () => clearTimeout(t) };
+    this.#line = new RoomQueue<number>({
+      maxWaiting: opts.maxWaiting,
+      waitMs: opts.waitMs,
+      setTimer: opts.setTimer,
+      noun: "batches",
+      refuse: (why) =>
+        new OverloadedError(
+          `Batch bodies in flight are at their bound (--batch-inflight-bytes ${opts.inflightBytes}: ${this.#inflight} bytes being sent to readers) and ${why}; retry`,
+        ),
+      fits: (bytes) => this.#inflight + bytes <= opts.inflightBytes,
+      take: (bytes) => void (this.#inflight += bytes),
     });
   }
 
   /** Whether a lease of `bytes` asked now would wait for room (or behind others that wait). */
   mustWait(bytes: number): boolean {
-    return this.#waiters.length > 0 || this.#inflight + bytes > this.#o.inflightBytes;
+    return this.#line.length > 0 || this.#inflight + bytes > this.#o.inflightBytes;
   }
 
   /**
@@ -130,14 +131,14 @@ export class BatchBodyPool {
       throw new RangeError(`Cannot lease a batch body of ${bytes} bytes: it exceeds the in-flight bound of ${this.#o.inflightBytes} bytes`);
     }
     // In order of arrival: a lease does not pass others that wait, or large ones would starve.
-    if (this.mustWait(bytes)) await this.#wait(bytes); // counts them when it wakes
+    if (this.mustWait(bytes)) await this.#line.wait(bytes); // counted when it is let in
     else this.#inflight += bytes;
     let body: Uint8Array;
     try {
       body = this.#take(bytes);
     } catch (e) {
       this.#inflight -= bytes; // out of memory: the bytes were never leased
-      this.#wakeWaiters();
+      this.#line.wake();
       throw e;
     }
     let ended = false;
@@ -146,7 +147,7 @@ export class BatchBodyPool {
       ended = true;
       this.#inflight -= bytes;
       if (reusable) this.#give(body);
-      this.#wakeWaiters();
+      this.#line.wake();
     };
     return {
       body,
@@ -171,47 +172,10 @@ export class BatchBodyPool {
       bytes: this.#bytes,
       maxBytes: this.#o.poolBytes,
       inflightBytes: this.#inflight,
-      waiting: this.#waiters.length,
-      refused: this.#refused,
+      waiting: this.#line.length,
+      refused: this.#line.refused,
       abandoned: this.#abandoned,
     };
-  }
-
-  #wait(bytes: number): Promise<void> {
-    if (this.#waiters.length >= this.#o.maxWaiting) {
-      this.#refused++;
-      return Promise.reject(this.#overloaded(`${this.#waiters.length} batches already wait for it`));
-    }
-    return new Promise<void>((resolve, reject) => {
-      const w: Waiter = { bytes, resolve, reject };
-      w.timer = this.#setTimer(() => {
-        const i = this.#waiters.indexOf(w);
-        if (i < 0) return;
-        this.#waiters.splice(i, 1);
-        this.#refused++;
-        reject(this.#overloaded(`waited ${this.#o.waitMs} ms`));
-        this.#wakeWaiters(); // the head may have changed
-      }, this.#o.waitMs);
-      this.#waiters.push(w);
-    });
-  }
-
-  #overloaded(why: string): OverloadedError {
-    return new OverloadedError(
-      `Batch bodies in flight are at their bound (--batch-inflight-bytes ${this.#o.inflightBytes}: ${this.#inflight} bytes being sent to readers) and ${why}; retry`,
-    );
-  }
-
-  #wakeWaiters(): void {
-    while (this.#waiters.length > 0) {
-      const w = this.#waiters[0];
-      if (this.#inflight + w.bytes > this.#o.inflightBytes) return;
-      this.#waiters.shift();
-      w.timer?.clear();
-      // Counted here, not when its lease() resumes (a microtask later): the next waiter must see them taken.
-      this.#inflight += w.bytes;
-      w.resolve();
-    }
   }
 
   #take(bytes: number): Uint8Array {

@@ -8,6 +8,7 @@
  */
 
 import { OverloadedError } from "../errors.ts";
+import { RoomQueue, type SetTimer } from "./room-queue.ts";
 
 /** Bounds of `HeldBlocks`. */
 export interface HeldBlocksOptions {
@@ -18,7 +19,7 @@ export interface HeldBlocksOptions {
   /** How long a response may wait for room, in ms; then it is refused. */
   readonly waitMs: number;
   /** Timer (tests inject one). */
-  readonly setTimer?: (fn: () => void, ms: number) => { clear(): void };
+  readonly setTimer?: SetTimer;
 }
 
 /** What `HeldBlocks` holds and has refused, for `/metrics`. */
@@ -31,13 +32,6 @@ export interface HeldBlocksStats {
   readonly waiting: number;
   /** Holds refused: the wait queue was full, or the wait timed out. */
   readonly refused: number;
-}
-
-interface Waiter {
-  readonly buffer: ArrayBufferLike;
-  readonly resolve: () => void;
-  readonly reject: (e: unknown) => void;
-  timer?: { clear(): void };
 }
 
 /**
@@ -59,25 +53,32 @@ interface Waiter {
  */
 export class HeldBlocks {
   readonly #o: HeldBlocksOptions;
-  readonly #setTimer: NonNullable<HeldBlocksOptions["setTimer"]>;
   readonly #counts = new Map<ArrayBufferLike, number>();
-  readonly #waiters: Waiter[] = [];
+  readonly #line: RoomQueue<ArrayBufferLike>;
   #bytes = 0;
-  #refused = 0;
 
   /**
    * @param opts the bounds
    * @throws {RangeError} when a bound is not a non-negative integer, or `maxBytes` is 0
    */
   constructor(opts: HeldBlocksOptions) {
-    for (const [name, v] of [["maxBytes", opts.maxBytes], ["maxWaiting", opts.maxWaiting], ["waitMs", opts.waitMs]] as const) {
-      if (!Number.isSafeInteger(v) || v < 0) throw new RangeError(`Cannot create HeldBlocks: ${name} must be a non-negative integer: received ${v}`);
+    if (!Number.isSafeInteger(opts.maxBytes) || opts.maxBytes < 1) {
+      throw new RangeError(`Cannot create HeldBlocks: maxBytes must be a positive integer: received ${opts.maxBytes}`);
     }
-    if (opts.maxBytes === 0) throw new RangeError("Cannot create HeldBlocks: maxBytes must be at least 1: received 0");
     this.#o = opts;
-    this.#setTimer = opts.setTimer ?? ((fn, ms) => {
-      const t = setTimeout(fn, ms);
-      return { clear: () => clearTimeout(t) };
+    this.#line = new RoomQueue<ArrayBufferLike>({
+      maxWaiting: opts.maxWaiting,
+      waitMs: opts.waitMs,
+      setTimer: opts.setTimer,
+      noun: "responses",
+      refuse: (why) =>
+        new OverloadedError(
+          `Cached blocks being sent to object readers are at their bound (--object-inflight-bytes ${opts.maxBytes}: ${this.#bytes} bytes in ` +
+            `${this.#counts.size} blocks) and ${why}; retry`,
+        ),
+      // A block another response took meanwhile costs no new bytes.
+      fits: (buffer) => this.#counts.has(buffer) || this.#fits(buffer),
+      take: (buffer) => this.#add(buffer),
     });
   }
 
@@ -89,17 +90,16 @@ export class HeldBlocks {
    * @throws {OverloadedError} (the promise rejects) when too many wait already or the wait timed out
    */
   hold(buffer: ArrayBufferLike): Promise<void> | undefined {
-    const n = this.#counts.get(buffer);
-    if (n !== undefined) {
-      this.#counts.set(buffer, n + 1);
-      return undefined;
-    }
-    // In order of arrival: a small block does not pass others that wait.
-    if (this.#waiters.length === 0 && this.#fits(buffer)) {
+    if (this.#counts.has(buffer)) {
       this.#add(buffer);
       return undefined;
     }
-    return this.#wait(buffer);
+    // In order of arrival: a small block does not pass others that wait.
+    if (this.#line.length === 0 && this.#fits(buffer)) {
+      this.#add(buffer);
+      return undefined;
+    }
+    return this.#line.wait(buffer);
   }
 
   /** Gives back one hold of `buffer`; its bytes leave the count with its last hold. */
@@ -112,12 +112,12 @@ export class HeldBlocks {
     }
     this.#counts.delete(buffer);
     this.#bytes -= buffer.byteLength;
-    this.#wakeWaiters();
+    this.#line.wake();
   }
 
   /** A snapshot of the counters. */
   stats(): HeldBlocksStats {
-    return { bytes: this.#bytes, blocks: this.#counts.size, waiting: this.#waiters.length, refused: this.#refused };
+    return { bytes: this.#bytes, blocks: this.#counts.size, waiting: this.#line.length, refused: this.#line.refused };
   }
 
   /**
@@ -129,49 +129,11 @@ export class HeldBlocks {
     return this.#bytes + buffer.byteLength <= this.#o.maxBytes || this.#bytes === 0;
   }
 
+  /** One more hold of `buffer`: its bytes count from its first. */
   #add(buffer: ArrayBufferLike): void {
-    this.#counts.set(buffer, 1);
-    this.#bytes += buffer.byteLength;
-  }
-
-  #wait(buffer: ArrayBufferLike): Promise<void> {
-    if (this.#waiters.length >= this.#o.maxWaiting) {
-      this.#refused++;
-      return Promise.reject(this.#overloaded(`${this.#waiters.length} responses already wait for it`));
-    }
-    return new Promise<void>((resolve, reject) => {
-      const w: Waiter = { buffer, resolve, reject };
-      w.timer = this.#setTimer(() => {
-        const i = this.#waiters.indexOf(w);
-        if (i < 0) return;
-        this.#waiters.splice(i, 1);
-        this.#refused++;
-        reject(this.#overloaded(`waited ${this.#o.waitMs} ms`));
-        this.#wakeWaiters(); // the head may have changed
-      }, this.#o.waitMs);
-      this.#waiters.push(w);
-    });
-  }
-
-  #overloaded(why: string): OverloadedError {
-    return new OverloadedError(
-      `Cached blocks being sent to object readers are at their bound (--object-inflight-bytes ${this.#o.maxBytes}: ${this.#bytes} bytes in ` +
-        `${this.#counts.size} blocks) and ${why}; retry`,
-    );
-  }
-
-  #wakeWaiters(): void {
-    while (this.#waiters.length > 0) {
-      const w = this.#waiters[0];
-      const n = this.#counts.get(w.buffer);
-      if (n !== undefined) this.#counts.set(w.buffer, n + 1); // another response holds it meanwhile: no new bytes
-      else if (!this.#fits(w.buffer)) return;
-      // Counted here, not when the waiter resumes (a microtask later): the next one must see it taken.
-      else this.#add(w.buffer);
-      this.#waiters.shift();
-      w.timer?.clear();
-      w.resolve();
-    }
+    const n = this.#counts.get(buffer) ?? 0;
+    this.#counts.set(buffer, n + 1);
+    if (n === 0) this.#bytes += buffer.byteLength;
   }
 }
 

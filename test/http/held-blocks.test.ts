@@ -113,8 +113,9 @@ describe("HeldBlocks", () => {
     await w2;
     expect(holds.stats().bytes).toBe(101);
     expect(() => holds.release(block(10))).toThrow(/not held/);
-    expect(() => new HeldBlocks({ maxBytes: 0, maxWaiting: 1, waitMs: 1 })).toThrow(/maxBytes must be at least 1/);
-    expect(() => new HeldBlocks({ maxBytes: 1.5, maxWaiting: 1, waitMs: 1 })).toThrow(/maxBytes must be a non-negative integer: received 1.5/);
+    expect(() => new HeldBlocks({ maxBytes: 0, maxWaiting: 1, waitMs: 1 })).toThrow(/maxBytes must be a positive integer: received 0/);
+    expect(() => new HeldBlocks({ maxBytes: 1.5, maxWaiting: 1, waitMs: 1 })).toThrow(/maxBytes must be a positive integer: received 1.5/);
+    expect(() => new HeldBlocks({ maxBytes: 10, maxWaiting: -1, waitMs: 1 })).toThrow(/maxWaiting must be a non-negative integer: received -1/);
   });
 });
 
