@@ -103,7 +103,7 @@ await Promise.all([lane(), lane(), lane()]);
 session?.close();
 await sleep(100);
 session?.destroy();
-await sleep(2000);
+await sleep(7000); // past the 5 s a session may go without progress after a GOAWAY (GOAWAY_STALL_MS in src/runtime/node.ts)
 const fd1 = fds();
 if (process.env.HANDLES) { const n0 = out.length; srv.kill("SIGUSR2"); await sleep(300); console.log(out.slice(n0).split("\n").filter((l) => /h2session/.test(l)).slice(0, 4).map((l) => l.slice(0, 200)).join("\n")); }
 const ss = execSync(`ss -tn state all '( sport = :${new URL(url).port} )' | tail -n +2 | grep -v -E 'TIME-WAIT|FIN-WAIT' || true`).toString().trim();

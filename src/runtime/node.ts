@@ -72,16 +72,7 @@ export function listenNode(
     closeWhenIdle(s, idleMs);
     renewBeforeCalm(s, h2Options.maxSessionMemory * 1e6);
     s.on("stream", (stream: http2.ServerHttp2Stream) => closeWhenStalled(stream, idleMs));
-    // Node (20.x) closes a session gracefully when the peer sends GOAWAY, then waits for its
-    // pending data to be written; when the peer is gone (it destroyed its session while a
-    // stream was held back by flow control) that never happens, and the session, its socket,
-    // its streams' batch leases and server.close() stay open for good (seen in a soak: ~1 in 20
-    // destroyed client sessions). A session still there a moment after GOAWAY is destroyed.
-    s.once("goaway", () => {
-      setTimeout(() => {
-        if (!s.destroyed) s.destroy();
-      }, GOAWAY_GRACE_MS).unref();
-    });
+    s.once("goaway", () => destroyWhenGone(s));
   };
   // Idle keep-alive connections are closed after this (node:http's default, or the idle time if shorter).
   const keepAliveMs = Math.min(idleMs, H1_KEEP_ALIVE_MS);
@@ -405,8 +396,45 @@ const SESSION_MEMORY_MB = 128;
 /** Streams one HTTP/2 session may have open at once (advertised in SETTINGS). */
 export const H2_MAX_STREAMS = 256;
 
-/** How long an HTTP/2 session may linger after the peer's GOAWAY before it is destroyed (ms). */
-const GOAWAY_GRACE_MS = 1000;
+/** How long an HTTP/2 session may go without a byte either way after the peer's GOAWAY before it is destroyed (ms). */
+const GOAWAY_STALL_MS = 5000;
+
+/**
+ * Destroys an HTTP/2 session whose peer sent GOAWAY once it makes no progress. Node (20.x) closes
+ * such a session gracefully and waits for its pending data to be written; when the peer is gone
+ * (it destroyed its session while a stream was held back by flow control) that never happens,
+ * and the session, its socket, its streams' batch leases and server.close() stay open for good
+ * (seen in a soak: ~1 in 20 destroyed client sessions). But a GOAWAY also comes from a peer that
+ * closes gracefully and reads on (Node's `session.close()`, undici closing a pool): its streams
+ * must finish, however long they take. Destroyed 1 s after the GOAWAY, they were cut (a 3 MiB
+ * object read over 2 s arrived short): now the session goes only once nothing has been read or
+ * written on its socket for `GOAWAY_STALL_MS` (a reader's WINDOW_UPDATEs and our data count).
+ */
+function destroyWhenGone(s: Http2Session): void {
+  const socket = s.socket;
+  const moved = () => socket.bytesRead + socket.bytesWritten;
+  let last = moved();
+  let still = 0;
+  const check = setInterval(() => {
+    if (s.destroyed) return clearInterval(check);
+    const now = moved();
+    if (now !== last) {
+      last = now;
+      still = 0;
+      return;
+    }
+    still += GOAWAY_CHECK_MS;
+    if (still >= GOAWAY_STALL_MS) {
+      clearInterval(check);
+      s.destroy();
+    }
+  }, GOAWAY_CHECK_MS);
+  check.unref();
+  s.once("close", () => clearInterval(check));
+}
+
+/** How often a session after GOAWAY is checked for progress (ms). */
+const GOAWAY_CHECK_MS = 500;
 
 /** The CLI host for Node: real process, filesystem and signals. */
 export function nodeHost(): CliHost {

@@ -272,6 +272,33 @@ describe("HTTP/2 on Node", () => {
     }
   });
 
+  it("lets a client that closes its session gracefully (GOAWAY) finish a stream that takes seconds", async () => {
+    const session = http2.connect(rf.url, { settings: { initialWindowSize: 65535 } });
+    try {
+      const req = session.request({ ":path": "/v1/objects/data/big.bin" });
+      const chunks: Buffer[] = [];
+      // A slow reader: ~2 s for the 3 MiB, the server waiting on its WINDOW_UPDATEs.
+      req.on("data", (c: Buffer) => {
+        chunks.push(c);
+        req.pause();
+        setTimeout(() => req.resume(), 10);
+      });
+      const ended = new Promise<void>((resolve, reject) => {
+        req.on("end", () => resolve());
+        req.on("error", reject);
+        req.on("close", () => setTimeout(() => reject(new Error(`the stream closed after ${Buffer.concat(chunks).length} of ${SIZE} bytes`)), 50));
+      });
+      await new Promise((r) => req.once("response", r));
+      const t0 = Date.now();
+      session.close(); // GOAWAY: no new stream on this session; this one goes on to its end
+      await ended;
+      expect(Date.now() - t0).toBeGreaterThan(1000);
+      expectSameBytes(new Uint8Array(Buffer.concat(chunks)), body);
+    } finally {
+      session.destroy();
+    }
+  });
+
   it("serves every route over h2c (metrics, datasets list, errors)", async () => {
     const session = http2.connect(rf.url);
     try {
