@@ -1,6 +1,6 @@
 import { execFile } from "node:child_process";
 import { createHash } from "node:crypto";
-import { readdirSync } from "node:fs";
+import { readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -40,7 +40,7 @@ interface PyBatch {
   sha256: string;
 }
 
-async function runConsumer(args: string[]): Promise<{ batches: PyBatch[]; end: { end: number; waits: number; timed: number } }> {
+async function runConsumer(args: string[]): Promise<{ batches: PyBatch[]; end: { end: number; waits: number; timed: number; stopped: boolean } }> {
   const { stdout } = await promisify(execFile)(PYTHON, [CONSUMER, socketPath, ...args], { timeout: 60_000, maxBuffer: 64 * 2 ** 20 });
   const lines = stdout.trim().split("\n").map((l) => JSON.parse(l));
   return { batches: lines.slice(0, -1), end: lines[lines.length - 1] };
@@ -71,6 +71,25 @@ describe("a Python client written from the README's protocol section", () => {
     }
     // The connection is gone, and so is its ring.
     await expect.poll(() => readdirSync(shmDir).filter((n) => n.endsWith(".ring")).length, { timeout: 15_000 }).toBe(0);
+  }, 90_000);
+
+  it("leaves early with stop (a trainer's break) and its ring is kept for the next consumer, whose batches are its own", async () => {
+    const spares = () => new Map(readdirSync(shmDir).filter((n) => n.endsWith(".spare")).map((n) => [statSync(join(shmDir, n)).ino, n]));
+    const before = spares(); // those of the tests before, of smaller slots
+    // Micro-batch 40: 5 200-byte batches, in 8 KiB slots that no ring before had. Their blocks
+    // warmed first, and read slowly: the server has published the slots after the fifth by then.
+    for (let step = 0; step < 30; step++) await httpBatchHash(step, 0, 1, 40);
+    const first = await runConsumer(["d", "0", "1", "40", "0", "100", "wait", TOKEN, "--stop-after", "5", "--hold-ms", "20"]);
+    expect(first.batches.map((b) => b.step)).toEqual([0, 1, 2, 3, 4]);
+    expect(first.end.stopped).toBe(true);
+    const ours = () => [...spares().keys()].filter((ino) => !before.has(ino));
+    await expect.poll(() => ours().length, { timeout: 15_000 }).toBe(1);
+    const inode = ours()[0];
+    const next = await runConsumer(["d", "0", "1", "40", "40", "60", "all", TOKEN]);
+    expect(next.batches.map((b) => b.step)).toEqual(Array.from({ length: 20 }, (_, i) => 40 + i));
+    for (const b of next.batches) expect(b.sha256, `step ${b.step}`).toBe(await httpBatchHash(b.step, 0, 1, 40));
+    // The next consumer read from that ring (no other one was made), which is kept again.
+    await expect.poll(() => ours(), { timeout: 15_000 }).toEqual([inode]);
   }, 90_000);
 
   it("sends its steps' t_wait in timings messages (float64 bins packed by Python), which the server counts", async () => {

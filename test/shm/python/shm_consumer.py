@@ -71,6 +71,11 @@ def main():
     timings = "--timings" in argv
     if timings:
         argv.remove("--timings")
+    stop_after = None  # --stop-after N: leave after N batches, saying "stop" (a trainer's break)
+    if "--stop-after" in argv:
+        k = argv.index("--stop-after")
+        stop_after = int(argv[k + 1])
+        del argv[k : k + 2]
     sock_path, dataset = argv[0], argv[1]
     rank, world, micro_batch, start, end = (int(x) for x in argv[2:7])
     notify = argv[7]
@@ -117,10 +122,18 @@ def main():
 
     end_step = ring["endStep"]
     ended = False
+    stopped = False
     waits = 0
     step = start
     while True:
         if ended and step >= end_step:
+            break
+        if stop_after is not None and step - start >= stop_after:
+            # Every batch read is released (queued above); the slots filled ahead are given
+            # back by "stop", where the server takes it (README "Protocol").
+            if welcome.get("stop") is True:
+                ch.queue({"t": "stop"})
+                stopped = True
             break
         slot = (step - start) % slots
         generation = step - start + 1
@@ -161,7 +174,7 @@ def main():
         step += 1
     send_timings()
     ch.flush()
-    print(json.dumps({"end": end_step, "waits": waits, "timed": timed}), flush=True)
+    print(json.dumps({"end": end_step, "waits": waits, "timed": timed, "stopped": stopped}), flush=True)
     view.release()
     mem.close()
     # Half-close, then read until the server closes (README "Protocol"): a plain close that
