@@ -374,3 +374,45 @@ Deno.test("bounds the cached blocks that stalled object readers hold; a reader p
     await waitUntil(async () => (await gauge("rackfeed_object_inflight_bytes")) === 0, "every block given back once the readers are gone");
   }, { whenDone: whenDoneDeno, clientGone: clientGoneDeno, wrapBody: denoBody });
 });
+
+Deno.test("bounds the cached blocks of HTTP/2 streams that stop reading, in one session", async () => {
+  const http2 = await import("node:http2");
+  const MiB = 2 ** 20;
+  const SIZE = 24 * MiB;
+  const objects = [0, 1, 2].map((i) => {
+    const b = pattern(SIZE);
+    b[i] ^= 0xff;
+    return b;
+  });
+  await withServer(["--block-bytes", "1MiB", "--part-bytes", "1MiB", "--memory-bytes", "256MiB", "--object-inflight-bytes", "2MiB"], async (url, dir) => {
+    for (let i = 0; i < objects.length; i++) await Deno.writeFile(`${dir}/origin/big${i}.bin`, objects[i]);
+    const gauge = async (name: string) => Number(new RegExp(`^${name} (\\d+)$`, "m").exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+    const session = http2.connect(url);
+    try {
+      const stalled = [0, 1].map((i) => {
+        const s = session.request({ ":path": `/v1/objects/data/big${i}.bin` });
+        s.on("error", () => {});
+        s.pause(); // reads nothing: the stream's window closes, and the server's writes wait
+        return s;
+      });
+      await waitUntil(async () => (await gauge("rackfeed_object_inflight_bytes")) === 2 * MiB, "two stalled streams to hold a block each");
+      const third = session.request({ ":path": "/v1/objects/data/big2.bin" });
+      const chunks: Uint8Array[] = [];
+      const done = new Promise<number>((resolve, reject) => {
+        let status = 0;
+        third.on("response", (h) => (status = Number(h[":status"])));
+        third.on("data", (c: Uint8Array) => chunks.push(c));
+        third.on("end", () => resolve(status));
+        third.on("error", reject);
+      });
+      await waitUntil(async () => (await gauge("rackfeed_object_reads_waiting")) === 1, "the third stream to wait for room");
+      stalled[0].close(http2.constants.NGHTTP2_CANCEL);
+      assert.equal(await done, 200);
+      assert.ok(Buffer.compare(Buffer.concat(chunks), objects[2]) === 0, "the third object's bytes differ");
+      stalled[1].close(http2.constants.NGHTTP2_CANCEL);
+    } finally {
+      session.destroy();
+    }
+    await waitUntil(async () => (await gauge("rackfeed_object_inflight_bytes")) === 0, "every block given back once the streams are gone");
+  }, { whenDone: whenDoneDeno, clientGone: clientGoneDeno, wrapBody: denoBody });
+});
