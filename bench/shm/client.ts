@@ -3,7 +3,7 @@
  * shared-memory path with the SDK and prints one JSON line of figures. On Deno the ring is mapped
  * (zero copies); on Node it is read with pread into a reused buffer.
  *
- * Run: deno run -A bench/shm/client.ts URL DATASET MICRO_BATCH STEPS PASSES [--hash] [--continuous] [--prefetch=N]
+ * Run: deno run -A bench/shm/client.ts URL DATASET MICRO_BATCH STEPS PASSES [--hash] [--continuous] [--prefetch=N] [--server-pid=PID]
  *  or: node --import tsx bench/shm/client.ts ...
  * Output: {"runtime", "transport", "batches", "seconds", "bytes", "p50", "p99", "firstWait",
  * "hashes"?, "lat"?} (latencies = t_wait: how long each `next()` blocked; the first pass is
@@ -11,9 +11,12 @@
  * path). Each timed pass is a new consumer (a new ring) over steps 0..STEPS-1; with
  * --continuous the untimed pass and the timed one are each one consumer over steps
  * 0..STEPS×PASSES-1, as a trainer iterates, and `firstWait` is its first batch's t_wait: the cost of a new consumer (its ring
- * made and mapped, the first batch filled).
+ * made and mapped, the first batch filled). With --server-pid (a server on this host), also
+ * "serverNs": the CPU time of that process's main thread (its event loop) over the timed passes
+ * alone, from /proc (the untimed pass, this process's start and its hashing left out).
  */
 
+import { readFileSync } from "node:fs";
 import { RackfeedClient } from "../../src/client/mod.ts";
 import type { LocalTransport } from "../../src/client/shm-consumer.ts";
 
@@ -47,9 +50,13 @@ for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endSte
     hashes.push([...new Uint8Array(d)].map((x) => x.toString(16).padStart(2, "0")).join(""));
   }
 }
+const serverPid = args.find((a) => a.startsWith("--server-pid="))?.slice("--server-pid=".length);
+/** CPU time so far of the server's main thread, in ns (/proc's schedstat). */
+const serverMainNs = () => (serverPid ? Number(readFileSync(`/proc/${serverPid}/task/${serverPid}/schedstat`, "utf8").split(" ")[0]) : NaN);
 const lat: number[] = [];
 let firstWait = NaN;
 let bytes = 0;
+const server0 = serverMainNs();
 const t0 = performance.now();
 for (let p = 0; p < (continuous ? 1 : passes) && Date.now() < deadline; p++) {
   for await (const b of c.batches(dataset, { rank: 0, world: 1, microBatch, endStep, prefetch })) {
@@ -64,6 +71,7 @@ for (let p = 0; p < (continuous ? 1 : passes) && Date.now() < deadline; p++) {
   }
 }
 const seconds = (performance.now() - t0) / 1000;
+const serverNs = serverMainNs() - server0;
 lat.sort((a, b) => a - b);
 console.log(JSON.stringify({
   runtime: isDeno ? "deno" : "node",
@@ -74,5 +82,6 @@ console.log(JSON.stringify({
   p50: lat[Math.floor(lat.length / 2)],
   p99: lat[Math.floor(lat.length * 0.99)],
   firstWait,
+  ...(serverPid ? { serverNs } : {}),
   ...(hash ? { hashes, lat: lat.map((x) => Math.round(x * 1e7) / 1e7) } : {}),
 }));

@@ -12,6 +12,8 @@ export interface ShmClientFigures {
   readonly p99: number;
   /** With --continuous: the timed consumer's first t_wait (its ring made, its first batch filled). */
   readonly firstWait?: number;
+  /** With --server-pid: the server's main-thread CPU over the timed passes, in ns. */
+  readonly serverNs?: number;
   readonly hashes?: string[];
   readonly lat?: number[];
 }
