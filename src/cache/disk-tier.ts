@@ -8,6 +8,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { crc32 } from "node:zlib";
 import { constants } from "node:fs";
+import { dirname } from "node:path";
 import { type FileHandle, mkdir, open, readdir, rename, rm, statfs, unlink } from "node:fs/promises";
 import { type CacheDirOwner, CacheDirLock } from "./cache-dir-lock.ts";
 
@@ -419,7 +420,7 @@ export class DiskTier {
         const done = fh;
         fh = undefined;
         await done.close();
-        await mkdir(`${this.#dir}/blocks/${name.slice(0, 2)}`, { recursive: true });
+        await mkdir(dirname(path), { recursive: true });
         // rename() is atomic: a reader sees either no file or the whole block.
         await rename(tmp, path);
         this.#index.set(key, { path, fileBytes });

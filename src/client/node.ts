@@ -7,8 +7,8 @@
 
 import { Agent, fetch as undiciFetch } from "undici";
 import { loadNodeMapping } from "../runtime/libc-node.ts";
-import { type PooledFetch, RackfeedClient, type RackfeedClientOptions } from "./client.ts";
-import { pooledFetch } from "./pooled-fetch.ts";
+import { RackfeedClient, type RackfeedClientOptions } from "./client.ts";
+import { pooledFetch, type PoolControls } from "./pooled-fetch.ts";
 import { checkRingSize, connectUnix, mappedRing, nextTurn, readingTransport, STORES_IN_ORDER } from "./local-transport.ts";
 import type { LocalTransport } from "./shm-consumer.ts";
 
@@ -47,7 +47,7 @@ const ABANDONED_GRACE_MS = 10 * 60_000;
  * const rf = new RackfeedClient({ url: "https://rackfeed.rack7:8443", fetch: http2Fetch({ ca }) });
  * ```
  */
-export function http2Fetch(opts: { ca?: string; connections?: number } = {}): typeof fetch & Required<Pick<PooledFetch, "abandonConnections" | "close">> {
+export function http2Fetch(opts: { ca?: string; connections?: number } = {}): typeof fetch & PoolControls {
   return pooledFetch<Agent>({
     make: () => new Agent({ allowH2: true, connections: opts.connections ?? 4, connect: opts.ca ? { ca: opts.ca } : {} }),
     send: (dispatcher, input, init) => undiciFetch(input as string, { ...(init as object), dispatcher }) as unknown as Promise<Response>,
@@ -61,7 +61,7 @@ export function http2Fetch(opts: { ca?: string; connections?: number } = {}): ty
       old.close().catch(() => {}).finally(() => clearTimeout(cutoff));
     },
     close: (agent) => agent.close(),
-  }) as unknown as typeof fetch & Required<Pick<PooledFetch, "abandonConnections" | "close">>;
+  }) as unknown as typeof fetch & PoolControls;
 }
 
 /**

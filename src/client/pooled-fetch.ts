@@ -6,6 +6,9 @@
 
 import type { PooledFetch } from "./client.ts";
 
+/** The pool controls a `pooledFetch` always has (optional on a `PooledFetch` the caller brings). */
+export type PoolControls = Required<Pick<PooledFetch, "abandonConnections" | "close">>;
+
 /** What a runtime's pool offers: make one, send through it, give it up. */
 export interface ConnectionPools<P> {
   make(): P;
@@ -20,7 +23,7 @@ export interface ConnectionPools<P> {
  * given up), `abandonConnections` retires the pool the timed-out attempt used, once however
  * many attempts time out on it together, and `close()` closes the current one.
  */
-export function pooledFetch<P extends object>(pools: ConnectionPools<P>): PooledFetch & Required<Pick<PooledFetch, "abandonConnections" | "close">> {
+export function pooledFetch<P extends object>(pools: ConnectionPools<P>): PooledFetch & PoolControls {
   let current: P | undefined;
   // Which pool each attempt went out on: attempts that time out together on one dead connection
   // retire it once, not each the pool the one before them made.
@@ -29,7 +32,7 @@ export function pooledFetch<P extends object>(pools: ConnectionPools<P>): Pooled
     const pool = (current ??= pools.make());
     if (init?.signal) poolOf.set(init.signal, pool);
     return pools.send(pool, input, init);
-  }) as PooledFetch & Required<Pick<PooledFetch, "abandonConnections" | "close">>;
+  }) as PooledFetch & PoolControls;
   fetchOver.abandonConnections = (signal) => {
     const old = poolOf.get(signal);
     if (old === undefined || old !== current) return;

@@ -50,6 +50,11 @@ export interface IndexMemoryEstimate {
   readonly maxEpochs: number;
 }
 
+/** A blend's two indexes (per blended sample) and its per-source arrays; 0 without a blend. */
+function blendIndexBytes(blendSize: number, sources: number): number {
+  return blendSize > 0 ? BLEND_SAMPLE_BYTES * blendSize + BLEND_SOURCE_BYTES * sources : 0;
+}
+
 /** Samples asked of each source's `GPTDataset`: `num_samples`, or a blend's per-source buffers. */
 function samplesAsked(config: DatasetConfig): { perSource: number[]; blendSize: number } {
   if (config.sources[0].weight === undefined) return { perSource: [config.num_samples], blendSize: 0 };
@@ -75,8 +80,7 @@ export function indexMemoryLowerBound(config: DatasetConfig, idxSizes: readonly 
   let bytes = 0;
   for (const s of idxSizes) bytes += s;
   for (const n of perSource) bytes += SAMPLE_BYTES * n;
-  if (blendSize > 0) bytes += BLEND_SAMPLE_BYTES * blendSize + BLEND_SOURCE_BYTES * perSource.length;
-  return bytes;
+  return bytes + blendIndexBytes(blendSize, perSource.length);
 }
 
 /**
@@ -150,7 +154,7 @@ export function estimateIndexMemory(input: IndexBuildInput): IndexMemoryEstimate
     maxEpochs = Math.max(maxEpochs, E);
   });
   const documentIndexBytes = DOCUMENT_ENTRY_BYTES * documentEntries;
-  const blendBytes = blendSize > 0 ? BLEND_SAMPLE_BYTES * blendSize + BLEND_SOURCE_BYTES * perSource.length : 0;
+  const blendBytes = blendIndexBytes(blendSize, perSource.length);
   const heldBytes = parsedBytes + documentIndexBytes + sampleBytes + blendBytes;
   return {
     heldBytes,

@@ -248,6 +248,11 @@ export class ShmConnection {
     }
   }
 
+  /** The fill loop fills and publishes nothing more: the connection is over, or its client said `stop`. */
+  get #fillOver(): boolean {
+    return this.#closed || this.#stopped;
+  }
+
   /** Whether this connection's consumer has a ring now (for `ShmServer.stats`). */
   get hasRing(): boolean {
     return this.#ring !== undefined;
@@ -604,7 +609,7 @@ export class ShmConnection {
           // The client may be waiting for a batch still being copied: publish those first.
           if (!(await this.#publishBefore(inFlight, Infinity, reg, consumer))) return;
           this.#flush(); // the client must hear of every batch before we sleep on its releases
-          while (this.#held.has(slot) && !this.#closed && !this.#stopped) await new Promise<void>((r) => (this.#wake = r));
+          while (this.#held.has(slot) && !this.#fillOver) await new Promise<void>((r) => (this.#wake = r));
           // Releases come a group at a time, in one chunk: the first wakes this loop. Let the rest
           // be handled too, so that the steps after this one can be copied with it.
           if (group > 1) await this.#queue;
@@ -613,7 +618,7 @@ export class ShmConnection {
           await new Promise<void>((r) => setImmediate(r));
           sliceStart = this.#o.now();
         }
-        if (this.#closed || this.#stopped) return;
+        if (this.#fillOver) return;
         unit++;
         const t0 = this.#o.now();
         const runs = group > 1 ? this.#residentRuns(reg, consumer, step, Math.min(group, end - step, slots - inFlight.length), from) : [];
@@ -685,7 +690,7 @@ export class ShmConnection {
    */
   async #publishOldest(inFlight: Filling[], reg: RegisteredDataset, consumer: ConsumerKey): Promise<boolean> {
     const done = await inFlight[0].batch;
-    if (this.#closed || this.#stopped) return false;
+    if (this.#fillOver) return false;
     const unit = inFlight[0].unit;
     let n = 1;
     if (Array.isArray(done)) while (n < inFlight.length && inFlight[n].unit === unit) n++;

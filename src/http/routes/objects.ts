@@ -126,46 +126,34 @@ export function objectRoutes(app: Hono, deps: ObjectRoutesDeps): void {
         deps.served.add(transport, first.value.length);
         return new Response(deps.wrapBody(first.value), { status, headers });
       }
-      const body = pullStream(hold ? heldChunks(first.value, chunks, hold) : prepend(first.value, chunks), (n) => deps.served.add(transport, n));
+      const body = pullStream(bodyChunks(first.value, chunks, hold), (n) => deps.served.add(transport, n));
       return new Response(body, { status, headers });
     },
   );
 }
 
 /**
- * The chunks of a body, each block held while the runtime sends from it (`first`'s is held
- * already): a chunk of another block is asked for only once the runtime has taken the last (the
- * stream is pulled), so `hold.take` gives that block back first. A wait past the bound cuts the
- * body.
+ * The chunks of a body, `first` then `rest`; with a `hold`, each block held while the runtime
+ * sends from it (`first`'s is held already): a chunk of another block is asked for only once the
+ * runtime has taken the last (the stream is pulled), so `hold.take` gives that block back first.
+ * A wait past the bound cuts the body.
  */
-async function* heldChunks(
+async function* bodyChunks(
   first: Uint8Array,
   rest: AsyncGenerator<Uint8Array, void, undefined>,
-  hold: ResponseBlockHold,
+  hold: ResponseBlockHold | undefined,
 ): AsyncGenerator<Uint8Array, void, undefined> {
   try {
     yield first;
     for (;;) {
       const r = await rest.next();
       if (r.done) return;
-      const wait = hold.take(r.value.buffer);
+      const wait = hold?.take(r.value.buffer);
       if (wait) await wait;
       yield r.value;
     }
   } finally {
-    hold.end();
-    await rest.return(undefined);
-  }
-}
-
-async function* prepend(
-  first: Uint8Array,
-  rest: AsyncGenerator<Uint8Array, void, undefined>,
-): AsyncGenerator<Uint8Array, void, undefined> {
-  try {
-    yield first;
-    yield* rest;
-  } finally {
+    hold?.end();
     await rest.return(undefined);
   }
 }
