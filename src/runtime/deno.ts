@@ -12,6 +12,7 @@ import { hostMemoryLimit } from "./memory-limit.ts";
 import { canMapDeno, mapFileDeno, peerCredentialsDeno } from "./libc-deno.ts";
 import { loadDenoPieceCopier } from "./native-gather-deno.ts";
 import { withFd } from "./socket-fd.ts";
+import { noDelayOnListener } from "./tcp-listener-deno.ts";
 import { cpuLimit } from "./cpu-limit.ts";
 
 /**
@@ -93,6 +94,12 @@ export function listenDeno(
         ...(tls ?? {}),
         onListen: ({ port: bound }) => {
           port = bound;
+          // Nagle's algorithm off, as Node's HTTP servers have it (see tcp-listener-deno.ts): over
+          // TLS each small response on a keep-alive connection took ~44 ms with it on.
+          const noDelay = noDelayOnListener(bound);
+          if (noDelay !== undefined && first) {
+            console.error(`rackfeed: TCP_NODELAY not set on the HTTP listener (${noDelay}); small responses over TLS may wait ~40 ms each for the client's delayed ACK`);
+          }
           if (!first) return;
           url = `${tls ? "https" : "http"}://${hostPort(addr.hostname, bound)}`;
           resolve(listener);

@@ -2,7 +2,8 @@
  * @module libc on Deno (FFI), for the shm path: memory-mapped ring files (zero-copy views: the
  * server maps a ring read-write and assembles batches straight into its slots; the SDK maps it
  * read-only and hands out typed arrays over the slots) and the Unix credentials of a socket's
- * peer (SO_PEERCRED). Needs `--allow-ffi` (`-A`).
+ * peer (SO_PEERCRED); and TCP_NODELAY on a listening socket (see `tcp-listener-deno.ts`). Needs
+ * `--allow-ffi` (`-A`).
  */
 
 import type { PeerCredentials } from "../shm/shm-server.ts";
@@ -17,10 +18,13 @@ const LIBC_SYMBOLS = {
   mmap: { parameters: ["pointer", "usize", "i32", "i32", "i32", "i64"], result: "pointer" },
   munmap: { parameters: ["pointer", "usize"], result: "i32" },
   getsockopt: { parameters: ["i32", "i32", "i32", "buffer", "buffer"], result: "i32" },
+  setsockopt: { parameters: ["i32", "i32", "i32", "buffer", "u32"], result: "i32" },
 } as const;
 
 const SOL_SOCKET = 1;
 const SO_PEERCRED = 17;
+const IPPROTO_TCP = 6;
+const TCP_NODELAY = 1;
 
 let libc: Deno.DynamicLibrary<typeof LIBC_SYMBOLS> | undefined;
 
@@ -86,4 +90,22 @@ export function peerCredentialsDeno(fd: number): PeerCredentials | undefined {
   const len = new Uint32Array([cred.length]);
   if (lib().symbols.getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, new Uint8Array(len.buffer)) !== 0) return undefined;
   return decodeUcred(cred);
+}
+
+/**
+ * Sets or reads TCP_NODELAY on a TCP socket (Linux).
+ *
+ * @param fd the socket's file descriptor
+ * @param on true to set it; undefined to read it only
+ * @returns whether it is set (after setting), or undefined when the call failed
+ * @throws {Error} when libc is missing or FFI is not allowed
+ */
+export function tcpNoDelayDeno(fd: number, on?: true): boolean | undefined {
+  const c = lib().symbols;
+  const value = new Int32Array([1]);
+  if (on && c.setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, new Uint8Array(value.buffer), 4) !== 0) return undefined;
+  const len = new Uint32Array([4]);
+  value[0] = 0;
+  if (c.getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, new Uint8Array(value.buffer), new Uint8Array(len.buffer)) !== 0) return undefined;
+  return value[0] !== 0;
 }

@@ -416,3 +416,48 @@ Deno.test("bounds the cached blocks of HTTP/2 streams that stop reading, in one 
     await waitUntil(async () => (await gauge("rackfeed_object_inflight_bytes")) === 0, "every block given back once the streams are gone");
   }, { whenDone: whenDoneDeno, clientGone: clientGoneDeno, wrapBody: denoBody });
 });
+
+Deno.test("sets TCP_NODELAY on the connections Deno.serve accepts, over TLS too (small responses waited ~44 ms for a delayed ACK)", async () => {
+  const { selfSignedCert } = await import("../../helpers/tls.ts");
+  const { tcpSocketFds } = await import("../../../src/runtime/tcp-listener-deno.ts");
+  const { tcpNoDelayDeno } = await import("../../../src/runtime/libc-deno.ts");
+  let ca = "";
+  const tls = (dir: string) => {
+    const files = selfSignedCert(dir, "nodelay", { endEntity: true });
+    ca = Deno.readTextFileSync(files.cert);
+    return { cert: ca, key: Deno.readTextFileSync(files.key) };
+  };
+  await withServer([], async (url) => {
+    const port = Number(new URL(url).port);
+    assert.deepEqual(tcpSocketFds(port).map((fd) => tcpNoDelayDeno(fd)), [true]);
+    // A keep-alive connection stays open after its responses: the server's end of it is checked.
+    const client = Deno.createHttpClient({ caCerts: [ca], http2: false });
+    try {
+      for (let i = 0; i < 3; i++) {
+        const res = await fetch(`${url}/v1/objects/data/shard.bin`, { client, headers: { range: "bytes=0-4095" } });
+        assert.deepEqual(new Uint8Array(await res.arrayBuffer()), pattern(4096));
+      }
+      const accepted = tcpSocketFds(port, "established");
+      assert.ok(accepted.length >= 1, "the server's end of the connection found");
+      assert.deepEqual(accepted.map((fd) => tcpNoDelayDeno(fd)), accepted.map(() => true));
+    } finally {
+      client.close();
+    }
+  }, {}, tls);
+});
+
+Deno.test("finds the sockets on a port in a /proc/net/tcp table by state", async () => {
+  const { socketInodesOnPort } = await import("../../../src/runtime/tcp-listener-deno.ts");
+  const table = [
+    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode",
+    "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0000000000000000 100 0 0 10 0",
+    "   1: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 222 1 0000000000000000 20 4 30 10 -1",
+    "   2: 0100007F:C350 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 333 1 0000000000000000 20 4 30 10 -1",
+    "   3: 00000000:01F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 444 1 0000000000000000 100 0 0 10 0",
+    "",
+  ].join("\n");
+  assert.deepEqual(socketInodesOnPort(table, 8080), ["111"]);
+  assert.deepEqual(socketInodesOnPort(table, 8080, "01"), ["222"]);
+  assert.deepEqual(socketInodesOnPort(table, 50000, "01"), ["333"]);
+  assert.deepEqual(socketInodesOnPort(table, 8081), []);
+});
