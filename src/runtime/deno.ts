@@ -5,14 +5,14 @@ import { statfs } from "node:fs/promises";
 import type { LockFile } from "../cache/cache-dir-lock.ts";
 import type { CliHost } from "../cli/run-cli.ts";
 import type { FetchPool } from "../origin/s3-origin.ts";
-import { type FetchHandler, hostPort, type Listener } from "./listener.ts";
+import { type FetchHandler, hostPort, IDLE_CONNECTION_MS, type Listener, type ListenLimits } from "./listener.ts";
 import { workerIndexBuilder } from "./index-builder.ts";
 import { PlanningThread } from "./planning-thread.ts";
 import { hostMemoryLimit } from "./memory-limit.ts";
 import { canMapDeno, mapFileDeno, peerCredentialsDeno } from "./libc-deno.ts";
 import { loadDenoPieceCopier } from "./native-gather-deno.ts";
 import { withFd } from "./socket-fd.ts";
-import { noDelayOnListener } from "./tcp-listener-deno.ts";
+import { tuneListener } from "./tcp-listener-deno.ts";
 import { cpuLimit } from "./cpu-limit.ts";
 
 /**
@@ -21,6 +21,8 @@ import { cpuLimit } from "./cpu-limit.ts";
  * @param fetch the handler
  * @param addr where to listen
  * @param tls PEM certificate and key, for HTTPS
+ * @param limits `idleMs`: how long a client may leave a response unread (TCP_USER_TIMEOUT; Deno.serve
+ *   has no timeouts of its own); `queuedBytes` is not used (Deno bounds a connection's streams itself)
  * @returns the listener, once bound
  * @throws {Deno.errors.AddrInUse} when the address is taken
  */
@@ -28,7 +30,9 @@ export function listenDeno(
   fetch: FetchHandler,
   addr: { hostname: string; port: number },
   tls?: { cert: string; key: string },
+  limits: ListenLimits = {},
 ): Promise<Listener> {
+  const idleMs = limits.idleMs ?? IDLE_CONNECTION_MS;
   const handler = (req: Request, info: Deno.ServeHandlerInfo<Deno.NetAddr>) => {
     // A getter: Deno makes `completed` when it is first read, and rejects it when a stream
     // body is not delivered (a client that resets an HTTP/2 stream). Read for every request,
@@ -94,11 +98,15 @@ export function listenDeno(
         ...(tls ?? {}),
         onListen: ({ port: bound }) => {
           port = bound;
-          // Nagle's algorithm off, as Node's HTTP servers have it (see tcp-listener-deno.ts): over
-          // TLS each small response on a keep-alive connection took ~44 ms with it on.
-          const noDelay = noDelayOnListener(bound);
-          if (noDelay !== undefined && first) {
-            console.error(`rackfeed: TCP_NODELAY not set on the HTTP listener (${noDelay}); small responses over TLS may wait ~40 ms each for the client's delayed ACK`);
+          // Nagle's algorithm off, as Node's HTTP servers have it, and a client that stops reading
+          // cut (see tcp-listener-deno.ts): over TLS each small response on a keep-alive
+          // connection took ~44 ms, and a stalled reader kept its response's bytes for good.
+          const untuned = tuneListener(bound, idleMs);
+          if (untuned !== undefined && first) {
+            console.error(
+              `rackfeed: TCP_NODELAY and TCP_USER_TIMEOUT not set on the HTTP listener (${untuned}): small responses over TLS may wait ~40 ms ` +
+                "each for the client's delayed ACK, and a client that stops reading a response keeps it for good",
+            );
           }
           if (!first) return;
           url = `${tls ? "https" : "http"}://${hostPort(addr.hostname, bound)}`;

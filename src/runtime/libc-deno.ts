@@ -2,7 +2,7 @@
  * @module libc on Deno (FFI), for the shm path: memory-mapped ring files (zero-copy views: the
  * server maps a ring read-write and assembles batches straight into its slots; the SDK maps it
  * read-only and hands out typed arrays over the slots) and the Unix credentials of a socket's
- * peer (SO_PEERCRED); and TCP_NODELAY on a listening socket (see `tcp-listener-deno.ts`). Needs
+ * peer (SO_PEERCRED); and TCP options of a listening socket (see `tcp-listener-deno.ts`). Needs
  * `--allow-ffi` (`-A`).
  */
 
@@ -24,7 +24,6 @@ const LIBC_SYMBOLS = {
 const SOL_SOCKET = 1;
 const SO_PEERCRED = 17;
 const IPPROTO_TCP = 6;
-const TCP_NODELAY = 1;
 
 let libc: Deno.DynamicLibrary<typeof LIBC_SYMBOLS> | undefined;
 
@@ -92,20 +91,25 @@ export function peerCredentialsDeno(fd: number): PeerCredentials | undefined {
   return decodeUcred(cred);
 }
 
+/** `setsockopt` option: Nagle's algorithm off when non-zero (IPPROTO_TCP, Linux). */
+export const TCP_NODELAY = 1;
+/** `setsockopt` option: ms that sent data may stay unacknowledged before the kernel drops the connection (Linux). */
+export const TCP_USER_TIMEOUT = 18;
+
 /**
- * Sets or reads TCP_NODELAY on a TCP socket (Linux).
+ * Sets (when `value` is given) and reads an integer TCP option of a socket (IPPROTO_TCP, Linux).
  *
  * @param fd the socket's file descriptor
- * @param on true to set it; undefined to read it only
- * @returns whether it is set (after setting), or undefined when the call failed
+ * @param option `TCP_NODELAY` or `TCP_USER_TIMEOUT`
+ * @returns the option's value (after setting), or undefined when a call failed
  * @throws {Error} when libc is missing or FFI is not allowed
  */
-export function tcpNoDelayDeno(fd: number, on?: true): boolean | undefined {
+export function tcpOptionDeno(fd: number, option: number, value?: number): number | undefined {
   const c = lib().symbols;
-  const value = new Int32Array([1]);
-  if (on && c.setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, new Uint8Array(value.buffer), 4) !== 0) return undefined;
+  const v = new Int32Array([value ?? 0]);
+  if (value !== undefined && c.setsockopt(fd, IPPROTO_TCP, option, new Uint8Array(v.buffer), 4) !== 0) return undefined;
   const len = new Uint32Array([4]);
-  value[0] = 0;
-  if (c.getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, new Uint8Array(value.buffer), new Uint8Array(len.buffer)) !== 0) return undefined;
-  return value[0] !== 0;
+  v[0] = 0;
+  if (c.getsockopt(fd, IPPROTO_TCP, option, new Uint8Array(v.buffer), new Uint8Array(len.buffer)) !== 0) return undefined;
+  return v[0];
 }

@@ -27,9 +27,17 @@ export type WhenDone = (env: unknown, done: (reusable: boolean) => void) => bool
  */
 export type ClientGone = (env: unknown) => () => boolean;
 
+/**
+ * How long a connection may stay open without a request: before its first byte, and an HTTP/2
+ * session with no stream open (node:http2 has no such timeout; an idle HTTP/1.1 connection is
+ * closed by node:http after 5 s, and one whose headers do not come in 60 s too). Also how long a
+ * client may leave a response unread (Node: its stream timers; Deno: TCP_USER_TIMEOUT).
+ */
+export const IDLE_CONNECTION_MS = 60_000;
+
 /** What a listener may hold for its connections. */
 export interface ListenLimits {
-  /** A connection with nothing in progress is closed after this (ms). */
+  /** A connection with nothing in progress, or whose client stopped reading, is closed after this (ms; default `IDLE_CONNECTION_MS`). */
   readonly idleMs?: number;
   /**
    * Response bytes the server may have queued for its clients, all together (HTTP batch bodies

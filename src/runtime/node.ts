@@ -10,7 +10,7 @@ import * as fs from "node:fs";
 import { availableParallelism } from "node:os";
 import { readFileSync } from "node:fs";
 import type { CliHost } from "../cli/run-cli.ts";
-import { type FetchHandler, hostPort, type Listener, type ListenLimits } from "./listener.ts";
+import { type FetchHandler, hostPort, IDLE_CONNECTION_MS, type Listener, type ListenLimits } from "./listener.ts";
 import { workerIndexBuilder } from "./index-builder.ts";
 import { PlanningThread } from "./planning-thread.ts";
 import { hostMemoryLimit } from "./memory-limit.ts";
@@ -225,12 +225,6 @@ export function whenDoneNode(env: unknown, done: (reusable: boolean) => void): b
 
 const H2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
 
-/**
- * How long a connection may stay open without a request: before its first byte, and an HTTP/2
- * session with no stream open (node:http2 has no such timeout; an idle HTTP/1.1 connection is
- * closed by node:http after 5 s, and one whose headers do not come in 60 s too).
- */
-const IDLE_CONNECTION_MS = 60_000;
 
 /** An HTTP/1.1 keep-alive connection with no request is closed after this (node:http's default). */
 const H1_KEEP_ALIVE_MS = 5000;

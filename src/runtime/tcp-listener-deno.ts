@@ -1,14 +1,20 @@
 /**
- * @module TCP_NODELAY for the sockets `Deno.serve` accepts. Deno.serve leaves Nagle's algorithm
- * on and offers no option for it, and over TLS a small response on a keep-alive connection went
- * out in two segments, the second held until the client's delayed ACK: ~44 ms per 4 KB batch or
- * small object, against ~0.4 ms in cleartext and on Node (whose HTTP servers set TCP_NODELAY).
- * Linux copies TCP_NODELAY from a listening socket to the sockets it accepts, so it is set once,
- * on the listener, which this finds among the process's file descriptors by its port
- * (`/proc/net/tcp`, `/proc/net/tcp6`). Linux only; needs `--allow-ffi` and `--allow-read`.
+ * @module TCP options for the sockets `Deno.serve` accepts, which Deno.serve sets none of and
+ * offers no option for. Linux copies them from a listening socket to the sockets it accepts, so
+ * they are set once, on the listener, which this finds among the process's file descriptors by its
+ * port (`/proc/net/tcp`, `/proc/net/tcp6`). Linux only; needs `--allow-ffi` and `--allow-read`.
+ *
+ * - TCP_NODELAY: with Nagle's algorithm on, a small response over TLS on a keep-alive connection
+ *   went out in two segments, the second held until the client's delayed ACK: ~44 ms per 4 KB
+ *   batch or small object, against ~0.4 ms in cleartext and on Node (whose servers set it).
+ * - TCP_USER_TIMEOUT: Deno.serve never times a connection out, so a client that stops reading a
+ *   response (its receive window at zero) held the response's bytes, and its place under
+ *   `--object-inflight-bytes` or `--batch-inflight-bytes`, for good. With it the kernel drops a
+ *   connection whose sent bytes stay unacknowledged that long, zero-window probes included; a
+ *   reader that reads, however slowly, acknowledges and is kept. Node cuts such a reader itself.
  */
 
-import { tcpNoDelayDeno } from "./libc-deno.ts";
+import { TCP_NODELAY, TCP_USER_TIMEOUT, tcpOptionDeno } from "./libc-deno.ts";
 
 /** TCP state "listen" in `/proc/net/tcp`. */
 const TCP_LISTEN = "0A";
@@ -67,12 +73,15 @@ export function tcpSocketFds(port: number, state: "listen" | "established" = "li
 }
 
 /**
- * Sets TCP_NODELAY on this process's listening socket(s) on `port`, so that every connection
- * accepted from then on has it.
+ * Sets TCP_NODELAY and TCP_USER_TIMEOUT on this process's listening socket(s) on `port`, so that
+ * every connection accepted from then on has them.
  *
- * @returns why it could not, or undefined once it is set
+ * @param port the listener's port
+ * @param unackedMs TCP_USER_TIMEOUT: how long sent bytes may stay unacknowledged (a client that
+ *   stopped reading) before the kernel drops the connection
+ * @returns why it could not, or undefined once both are set
  */
-export function noDelayOnListener(port: number): string | undefined {
+export function tuneListener(port: number, unackedMs: number): string | undefined {
   if (Deno.build.os !== "linux") return `not Linux (${Deno.build.os})`;
   for (const name of ["ffi", "read"] as const) {
     if (Deno.permissions.querySync({ name }).state !== "granted") return `no --allow-${name}`;
@@ -80,7 +89,10 @@ export function noDelayOnListener(port: number): string | undefined {
   try {
     const fds = tcpSocketFds(port);
     if (fds.length === 0) return `no listening socket found on port ${port}`;
-    for (const fd of fds) if (tcpNoDelayDeno(fd, true) !== true) return `setsockopt failed on fd ${fd}`;
+    for (const fd of fds) {
+      if (tcpOptionDeno(fd, TCP_NODELAY, 1) !== 1) return `setsockopt(TCP_NODELAY) failed on fd ${fd}`;
+      if (tcpOptionDeno(fd, TCP_USER_TIMEOUT, unackedMs) !== unackedMs) return `setsockopt(TCP_USER_TIMEOUT) failed on fd ${fd}`;
+    }
     return undefined;
   } catch (e) {
     return (e as Error).message;

@@ -6,11 +6,12 @@ import { Buffer } from "node:buffer";
 import { loadConfig } from "../../../src/config/load.ts";
 import { clientGoneDeno, denoBody, listenDeno, oneChunkStream, whenDoneDeno } from "../../../src/runtime/deno.ts";
 import { createServer, type ServerEnv } from "../../../src/server.ts";
+import type { ListenLimits } from "../../../src/runtime/listener.ts";
 
-async function waitUntil(cond: () => Promise<boolean>, what: string): Promise<void> {
+async function waitUntil(cond: () => Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
   const t0 = Date.now();
   while (!(await cond())) {
-    if (Date.now() - t0 > 10_000) throw new Error(`Timed out waiting for ${what}`);
+    if (Date.now() - t0 > timeoutMs) throw new Error(`Timed out waiting for ${what}`);
     await new Promise((ok) => setTimeout(ok, 10));
   }
 }
@@ -26,6 +27,7 @@ async function withServer(
   fn: (url: string, dir: string) => Promise<void>,
   env: Partial<ServerEnv> = {},
   tls?: (dir: string) => { cert: string; key: string },
+  limits?: ListenLimits,
 ): Promise<void> {
   const dir = await Deno.makeTempDir({ prefix: "rackfeed-deno-" });
   await Deno.mkdir(`${dir}/origin`);
@@ -37,7 +39,7 @@ async function withServer(
     cwd: dir,
   });
   const server = await createServer(config, { now: () => performance.now(), log: () => {}, wrapBody: oneChunkStream, ...env });
-  const listener = await listenDeno(server.fetch, config.listen, tls?.(dir));
+  const listener = await listenDeno(server.fetch, config.listen, tls?.(dir), limits);
   try {
     await fn(listener.url, dir);
   } finally {
@@ -375,6 +377,26 @@ Deno.test("bounds the cached blocks that stalled object readers hold; a reader p
   }, { whenDone: whenDoneDeno, clientGone: clientGoneDeno, wrapBody: denoBody });
 });
 
+Deno.test("gives back the block of an object reader that stopped reading once the kernel drops its connection (Deno.serve times out none)", async () => {
+  const MiB = 2 ** 20;
+  const object = pattern(24 * MiB);
+  await withServer(["--block-bytes", "1MiB", "--part-bytes", "1MiB", "--memory-bytes", "256MiB", "--object-inflight-bytes", "2MiB"], async (url, dir) => {
+    await Deno.writeFile(`${dir}/origin/big.bin`, object);
+    const gauge = async (name: string) => Number(new RegExp(`^${name} (\\d+)$`, "m").exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+    const conn = await Deno.connect({ hostname: "127.0.0.1", port: Number(new URL(url).port) });
+    try {
+      await conn.write(new TextEncoder().encode("GET /v1/objects/data/big.bin HTTP/1.1\r\nHost: x\r\n\r\n"));
+      // Reads nothing and stays open: the server's bytes stay unacknowledged past the listener's idle time (1.5 s here).
+      await waitUntil(async () => (await gauge("rackfeed_object_inflight_bytes")) === MiB, "the stalled reader to hold a block");
+      await waitUntil(async () => (await gauge("rackfeed_object_inflight_bytes")) === 0, "its block given back, the client still connected", 20_000);
+      const res = await fetch(`${url}/v1/objects/data/big.bin`);
+      assert.ok(Buffer.compare(new Uint8Array(await res.arrayBuffer()), object) === 0, "the next reader's bytes differ");
+    } finally {
+      conn.close();
+    }
+  }, { whenDone: whenDoneDeno, clientGone: clientGoneDeno, wrapBody: denoBody }, undefined, { idleMs: 1500 });
+});
+
 Deno.test("bounds the cached blocks of HTTP/2 streams that stop reading, in one session", async () => {
   const http2 = await import("node:http2");
   const MiB = 2 ** 20;
@@ -417,19 +439,21 @@ Deno.test("bounds the cached blocks of HTTP/2 streams that stop reading, in one 
   }, { whenDone: whenDoneDeno, clientGone: clientGoneDeno, wrapBody: denoBody });
 });
 
-Deno.test("sets TCP_NODELAY on the connections Deno.serve accepts, over TLS too (small responses waited ~44 ms for a delayed ACK)", async () => {
+Deno.test("sets TCP_NODELAY and TCP_USER_TIMEOUT on the connections Deno.serve accepts, over TLS too (small responses waited ~44 ms for a delayed ACK)", async () => {
   const { selfSignedCert } = await import("../../helpers/tls.ts");
   const { tcpSocketFds } = await import("../../../src/runtime/tcp-listener-deno.ts");
-  const { tcpNoDelayDeno } = await import("../../../src/runtime/libc-deno.ts");
+  const { tcpOptionDeno, TCP_NODELAY, TCP_USER_TIMEOUT } = await import("../../../src/runtime/libc-deno.ts");
+  const { IDLE_CONNECTION_MS } = await import("../../../src/runtime/listener.ts");
   let ca = "";
   const tls = (dir: string) => {
     const files = selfSignedCert(dir, "nodelay", { endEntity: true });
     ca = Deno.readTextFileSync(files.cert);
     return { cert: ca, key: Deno.readTextFileSync(files.key) };
   };
+  const options = (fds: number[]) => fds.map((fd) => [tcpOptionDeno(fd, TCP_NODELAY), tcpOptionDeno(fd, TCP_USER_TIMEOUT)]);
   await withServer([], async (url) => {
     const port = Number(new URL(url).port);
-    assert.deepEqual(tcpSocketFds(port).map((fd) => tcpNoDelayDeno(fd)), [true]);
+    assert.deepEqual(options(tcpSocketFds(port)), [[1, IDLE_CONNECTION_MS]]);
     // A keep-alive connection stays open after its responses: the server's end of it is checked.
     const client = Deno.createHttpClient({ caCerts: [ca], http2: false });
     try {
@@ -439,11 +463,57 @@ Deno.test("sets TCP_NODELAY on the connections Deno.serve accepts, over TLS too 
       }
       const accepted = tcpSocketFds(port, "established");
       assert.ok(accepted.length >= 1, "the server's end of the connection found");
-      assert.deepEqual(accepted.map((fd) => tcpNoDelayDeno(fd)), accepted.map(() => true));
+      assert.deepEqual(options(accepted), accepted.map(() => [1, IDLE_CONNECTION_MS]));
     } finally {
       client.close();
     }
   }, {}, tls);
+});
+
+Deno.test("drops a connection whose client stopped reading a response, and keeps one that reads slowly (Deno.serve times out neither)", async () => {
+  const { tcpSocketFds } = await import("../../../src/runtime/tcp-listener-deno.ts");
+  const net = await import("node:net");
+  const body = new Uint8Array(64 << 20); // far more than loopback's socket buffers
+  let completed = 0;
+  const listener = await listenDeno((_req, env) => {
+    (env as { completed: Promise<void> }).completed.then(() => completed++, () => completed++);
+    return new Response(oneChunkStream(body));
+  }, { hostname: "127.0.0.1", port: 0 }, undefined, { idleMs: 1500 });
+  const port = Number(new URL(listener.url).port);
+  const open = (): Promise<import("node:net").Socket> =>
+    new Promise((resolve, reject) => {
+      const s = net.connect(port, "127.0.0.1", () => {
+        s.write("GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n");
+        resolve(s);
+      });
+      s.on("error", () => {});
+      s.once("error", reject);
+    });
+  const stalled = await open();
+  stalled.pause(); // reads nothing: its receive window closes, and the server's sent bytes stay unacknowledged
+  const slow = await open();
+  slow.pause();
+  let slowBytes = 0;
+  slow.on("data", (c: Uint8Array) => {
+    slowBytes += c.length;
+    slow.pause();
+  });
+  // Takes one chunk every 300 ms: slowly, but it acknowledges what it takes.
+  const reader = setInterval(() => slow.resume(), 300);
+  try {
+    const t0 = performance.now();
+    while (completed < 1 && performance.now() - t0 < 30_000) await new Promise((r) => setTimeout(r, 100));
+    assert.equal(completed, 1, "the stalled reader's response is over (dropped by the kernel)");
+    assert.equal(tcpSocketFds(port, "established").length, 1, "the slow reader's connection is kept");
+    const before = slowBytes;
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.ok(slowBytes > before, `the slow reader still reads (${before} then ${slowBytes} bytes)`);
+  } finally {
+    clearInterval(reader);
+    stalled.destroy();
+    slow.destroy();
+    await listener.close();
+  }
 });
 
 Deno.test("finds the sockets on a port in a /proc/net/tcp table by state", async () => {
