@@ -12,7 +12,7 @@ import { hostMemoryLimit } from "./memory-limit.ts";
 import { canMapDeno, mapFileDeno, peerCredentialsDeno } from "./libc-deno.ts";
 import { loadDenoPieceCopier } from "./native-gather-deno.ts";
 import { withFd } from "./socket-fd.ts";
-import { tuneListener } from "./tcp-listener-deno.ts";
+import { IdleConnectionSweeper, tuneListener } from "./tcp-listener-deno.ts";
 import { cpuLimit } from "./cpu-limit.ts";
 
 /**
@@ -33,25 +33,25 @@ export function listenDeno(
   limits: ListenLimits = {},
 ): Promise<Listener> {
   const idleMs = limits.idleMs ?? IDLE_CONNECTION_MS;
+  // Made once the port is known and the listener's options could be set (Linux, FFI allowed).
+  let sweeper: IdleConnectionSweeper | undefined;
   const handler = (req: Request, info: Deno.ServeHandlerInfo<Deno.NetAddr>) => {
-    // A getter: Deno makes `completed` when it is first read, and rejects it when a stream
-    // body is not delivered (a client that resets an HTTP/2 stream). Read for every request,
-    // it went unhandled on routes that never look at it, and ended the process.
-    const env: DenoBindings = {
-      get completed() {
-        return info.completed;
-      },
-      // A getter too: Deno makes the signal lazily; only batches watch it.
-      get signal() {
-        return req.signal;
-      },
-      // Deno.serve does not say which protocol a request came over: HTTP/1.1 requires a Host
-      // header, and Deno makes none from HTTP/2's :authority.
-      get httpVersion() {
-        return req.headers.has("host") ? "1.1" : "2";
-      },
-    };
-    return fetch(req, env);
+    const s = sweeper;
+    if (s === undefined) return fetch(req, bindings(req, info));
+    const peer = info.remoteAddr.port;
+    s.began(peer);
+    let answer: Response | Promise<Response>;
+    try {
+      answer = fetch(req, bindings(req, info));
+    } catch (e) {
+      s.answered(peer);
+      throw e;
+    }
+    if (answer instanceof Response) {
+      s.answered(peer);
+      return answer;
+    }
+    return answer.finally(() => s.answered(peer));
   };
   return new Promise((resolve, reject) => {
     let server: Deno.HttpServer<Deno.NetAddr> | undefined;
@@ -67,6 +67,7 @@ export function listenDeno(
       close: async () => {
         closing = true;
         clearTimeout(retry);
+        sweeper?.stop();
         await server?.shutdown();
       },
     };
@@ -98,14 +99,18 @@ export function listenDeno(
         ...(tls ?? {}),
         onListen: ({ port: bound }) => {
           port = bound;
-          // Nagle's algorithm off, as Node's HTTP servers have it, and a client that stops reading
-          // cut (see tcp-listener-deno.ts): over TLS each small response on a keep-alive
-          // connection took ~44 ms, and a stalled reader kept its response's bytes for good.
+          // Nagle's algorithm off, as Node's HTTP servers have it, a client that stops reading
+          // cut, and idle connections closed (see tcp-listener-deno.ts): Deno.serve does none of
+          // it. Over TLS each small response on a keep-alive connection took ~44 ms, a stalled
+          // reader kept its response's bytes for good, and silent connections took every fd.
           const untuned = tuneListener(bound, idleMs);
-          if (untuned !== undefined && first) {
+          if (untuned === undefined) {
+            sweeper ??= new IdleConnectionSweeper(bound, idleMs);
+            sweeper.start();
+          } else if (first) {
             console.error(
-              `rackfeed: TCP_NODELAY and TCP_USER_TIMEOUT not set on the HTTP listener (${untuned}): small responses over TLS may wait ~40 ms ` +
-                "each for the client's delayed ACK, and a client that stops reading a response keeps it for good",
+              `rackfeed: TCP_NODELAY and TCP_USER_TIMEOUT not set on the HTTP listener, and idle connections not closed (${untuned}): ` +
+                "small responses over TLS may wait ~40 ms each for the client's delayed ACK, and connections that stall or sit idle stay open",
             );
           }
           if (!first) return;
@@ -121,6 +126,27 @@ export function listenDeno(
       reject(e);
     }
   });
+}
+
+/** What `listenDeno` passes its handler as Hono's `c.env` for one request. */
+function bindings(req: Request, info: Deno.ServeHandlerInfo<Deno.NetAddr>): DenoBindings {
+  // A getter: Deno makes `completed` when it is first read, and rejects it when a stream
+  // body is not delivered (a client that resets an HTTP/2 stream). Read for every request,
+  // it went unhandled on routes that never look at it, and ended the process.
+  return {
+    get completed() {
+      return info.completed;
+    },
+    // A getter too: Deno makes the signal lazily; only batches watch it.
+    get signal() {
+      return req.signal;
+    },
+    // Deno.serve does not say which protocol a request came over: HTTP/1.1 requires a Host
+    // header, and Deno makes none from HTTP/2's :authority.
+    get httpVersion() {
+      return req.headers.has("host") ? "1.1" : "2";
+    },
+  };
 }
 
 /** How long after its listener failed (EMFILE) the HTTP server listens again. */

@@ -19,6 +19,8 @@ const LIBC_SYMBOLS = {
   munmap: { parameters: ["pointer", "usize"], result: "i32" },
   getsockopt: { parameters: ["i32", "i32", "i32", "buffer", "buffer"], result: "i32" },
   setsockopt: { parameters: ["i32", "i32", "i32", "buffer", "u32"], result: "i32" },
+  dup: { parameters: ["i32"], result: "i32" },
+  shutdown: { parameters: ["i32", "i32"], result: "i32" },
 } as const;
 
 const SOL_SOCKET = 1;
@@ -112,4 +114,46 @@ export function tcpOptionDeno(fd: number, option: number, value?: number): numbe
   v[0] = 0;
   if (c.getsockopt(fd, IPPROTO_TCP, option, new Uint8Array(v.buffer), new Uint8Array(len.buffer)) !== 0) return undefined;
   return v[0];
+}
+
+/** `getsockopt` option: the kernel's `struct tcp_info` of a connection (IPPROTO_TCP, Linux). */
+const TCP_INFO = 11;
+/** Offset of `tcpi_last_data_sent` (ms since data was last sent) in `struct tcp_info`. */
+const TCPI_LAST_DATA_SENT = 44;
+/** `shutdown` how: both directions. */
+const SHUT_RDWR = 2;
+
+/**
+ * Shuts down both directions of the TCP connection behind `fd` when it is still the socket of
+ * `inode` and has sent no data for `quietMs`: the runtime that owns `fd` then reads its end and
+ * closes it itself. `fd` is another owner's, which may close it and reuse its number at any
+ * moment, so it is duplicated first and the duplicate (which only this holds) is what is checked
+ * and shut down.
+ *
+ * @param fd a socket descriptor another part of the process owns (Deno.serve's)
+ * @param inode the socket's inode, from `/proc/net/tcp`
+ * @param quietMs how long since data was last sent on it, at least
+ * @returns whether it was shut down
+ * @throws {Error} when libc is missing or FFI is not allowed
+ */
+export function shutDownQuietSocketDeno(fd: number, inode: string, quietMs: number): boolean {
+  const c = lib().symbols;
+  const own = c.dup(fd);
+  if (own < 0) return false;
+  try {
+    let link = "";
+    try {
+      link = Deno.readLinkSync(`/proc/self/fd/${own}`);
+    } catch {
+      return false;
+    }
+    if (link !== `socket:[${inode}]`) return false;
+    const info = new Uint8Array(104);
+    const len = new Uint32Array([info.length]);
+    if (c.getsockopt(own, IPPROTO_TCP, TCP_INFO, info, new Uint8Array(len.buffer)) !== 0 || len[0] < TCPI_LAST_DATA_SENT + 4) return false;
+    if (new DataView(info.buffer).getUint32(TCPI_LAST_DATA_SENT, true) < quietMs) return false;
+    return c.shutdown(own, SHUT_RDWR) === 0;
+  } finally {
+    c.close(own);
+  }
 }

@@ -14,40 +14,49 @@
  *   reader that reads, however slowly, acknowledges and is kept. Node cuts such a reader itself.
  */
 
-import { TCP_NODELAY, TCP_USER_TIMEOUT, tcpOptionDeno } from "./libc-deno.ts";
+import { shutDownQuietSocketDeno, TCP_NODELAY, TCP_USER_TIMEOUT, tcpOptionDeno } from "./libc-deno.ts";
 
 /** TCP state "listen" in `/proc/net/tcp`. */
 const TCP_LISTEN = "0A";
 /** TCP state "established" in `/proc/net/tcp`. */
 const TCP_ESTABLISHED = "01";
 
+/** A socket in `/proc/net/tcp`: its inode, and its peer's port. */
+export interface ProcTcpSocket {
+  readonly inode: string;
+  readonly remotePort: number;
+}
+
 /**
- * The socket inodes in a `/proc/net/tcp` or `/proc/net/tcp6` table whose local port is `port` and
- * whose state is `state` (listening, by default).
+ * The sockets in a `/proc/net/tcp` or `/proc/net/tcp6` table whose local port is `port` and whose
+ * state is `state` (listening, by default).
  *
  * @param table the file's text: a header line, then one socket per line
  * @param port the local port
  * @param state the state's two hex digits (`0A` listening, `01` established)
  */
-export function socketInodesOnPort(table: string, port: number, state = TCP_LISTEN): string[] {
+export function socketsOnPort(table: string, port: number, state = TCP_LISTEN): ProcTcpSocket[] {
   const suffix = `:${port.toString(16).toUpperCase().padStart(4, "0")}`;
-  const inodes: string[] = [];
+  const found: ProcTcpSocket[] = [];
   // "sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ..."
   for (const line of table.split("\n").slice(1)) {
     const f = line.trim().split(/\s+/);
-    if (f.length > 9 && f[1].endsWith(suffix) && f[3] === state) inodes.push(f[9]);
+    if (f.length > 9 && f[1].endsWith(suffix) && f[3] === state) {
+      found.push({ inode: f[9], remotePort: parseInt(f[2].slice(f[2].lastIndexOf(":") + 1), 16) });
+    }
   }
-  return inodes;
+  return found;
 }
 
-/** This process's file descriptors that are the sockets of `inodes`. */
-function fdsOfSockets(inodes: readonly string[]): number[] {
-  const wanted = new Set(inodes.map((i) => `socket:[${i}]`));
-  const fds: number[] = [];
+/** This process's descriptors of the sockets of `inodes`, by inode. */
+function fdsOfSockets(inodes: readonly string[]): Map<string, number> {
+  const wanted = new Map(inodes.map((i) => [`socket:[${i}]`, i]));
+  const fds = new Map<string, number>();
   if (wanted.size === 0) return fds;
   for (const e of Deno.readDirSync("/proc/self/fd")) {
     try {
-      if (wanted.has(Deno.readLinkSync(`/proc/self/fd/${e.name}`))) fds.push(Number(e.name));
+      const inode = wanted.get(Deno.readLinkSync(`/proc/self/fd/${e.name}`));
+      if (inode !== undefined) fds.set(inode, Number(e.name));
     } catch {
       // closed since it was listed (the directory's own fd, among others)
     }
@@ -55,21 +64,30 @@ function fdsOfSockets(inodes: readonly string[]): number[] {
   return fds;
 }
 
+/** This process's TCP sockets on local port `port` in a state, with their descriptors. */
+function ownSocketsOnPort(port: number, state: "listen" | "established"): (ProcTcpSocket & { fd: number })[] {
+  const code = state === "listen" ? TCP_LISTEN : TCP_ESTABLISHED;
+  const sockets: ProcTcpSocket[] = [];
+  for (const file of ["/proc/net/tcp", "/proc/net/tcp6"]) {
+    try {
+      sockets.push(...socketsOnPort(Deno.readTextFileSync(file), port, code));
+    } catch {
+      // no IPv6 table (IPv6 off), or not Linux
+    }
+  }
+  const fds = fdsOfSockets(sockets.map((s) => s.inode));
+  return sockets.flatMap((s) => {
+    const fd = fds.get(s.inode);
+    return fd === undefined ? [] : [{ ...s, fd }];
+  });
+}
+
 /**
  * This process's TCP sockets on local port `port` in a state (`listen` or `established`): their
  * file descriptors.
  */
 export function tcpSocketFds(port: number, state: "listen" | "established" = "listen"): number[] {
-  const code = state === "listen" ? TCP_LISTEN : TCP_ESTABLISHED;
-  const inodes: string[] = [];
-  for (const file of ["/proc/net/tcp", "/proc/net/tcp6"]) {
-    try {
-      inodes.push(...socketInodesOnPort(Deno.readTextFileSync(file), port, code));
-    } catch {
-      // no IPv6 table (IPv6 off), or not Linux
-    }
-  }
-  return fdsOfSockets(inodes);
+  return ownSocketsOnPort(port, state).map((s) => s.fd);
 }
 
 /**
@@ -96,5 +114,97 @@ export function tuneListener(port: number, unackedMs: number): string | undefine
     return undefined;
   } catch (e) {
     return (e as Error).message;
+  }
+}
+
+/**
+ * Closes the connections of a `Deno.serve` listener that have nothing going on for `idleMs`, which
+ * Deno.serve never does (session 16: ~20 000 silent connections took every file descriptor, and
+ * an idle keep-alive connection was still open after 100 s): a connection is cut when no request
+ * of its peer is being handled, none began within `idleMs`, and it has sent no data for `idleMs`.
+ * That closes a connection that never sent a request (silent, or trickling its headers), and one
+ * idle after its responses (HTTP/1.1 keep-alive, or an HTTP/2 session with no stream), and keeps
+ * one whose request the server is slow to answer, and one whose response is being read. (A
+ * response its client stopped reading is TCP_USER_TIMEOUT's: `tuneListener`.)
+ *
+ * Requests are told apart by their peer's port alone, as the kernel's table shows it: two peers
+ * on different hosts with the same port only keep each other's connections open longer.
+ * Connections are found every `idleMs / 4` (at most 15 s) in the kernel's table and this
+ * process's descriptors, and shut down (`shutdown(2)` on a duplicate, see
+ * `shutDownQuietSocketDeno`): Deno.serve then closes them itself.
+ */
+export class IdleConnectionSweeper {
+  readonly #port: number;
+  readonly #idleMs: number;
+  readonly #now: () => number;
+  /** Per peer port: requests being handled, and when the last one began. */
+  readonly #peers = new Map<number, { running: number; began: number }>();
+  #timer: ReturnType<typeof setInterval> | undefined;
+  #closed = 0;
+
+  /**
+   * @param port the listener's port
+   * @param idleMs how long a connection may have nothing going on
+   * @param now a clock in ms (tests inject one)
+   */
+  constructor(port: number, idleMs: number, now: () => number = () => performance.now()) {
+    if (!(idleMs > 0)) throw new RangeError(`idleMs must be positive, got ${idleMs}`);
+    this.#port = port;
+    this.#idleMs = idleMs;
+    this.#now = now;
+  }
+
+  /** Connections shut down so far. */
+  get closed(): number {
+    return this.#closed;
+  }
+
+  /** Sweeps every `idleMs / 4` (at most 15 s) until `stop`, on a timer that does not keep the process alive. */
+  start(): void {
+    this.#timer ??= setInterval(() => this.sweep(), Math.min(this.#idleMs / 4, 15_000));
+    Deno.unrefTimer(this.#timer);
+  }
+
+  stop(): void {
+    clearInterval(this.#timer);
+    this.#timer = undefined;
+  }
+
+  /** A request of the peer on `remotePort` is being handled. */
+  began(remotePort: number): void {
+    const p = this.#peers.get(remotePort);
+    if (p) {
+      p.running++;
+      p.began = this.#now();
+    } else this.#peers.set(remotePort, { running: 1, began: this.#now() });
+  }
+
+  /** The handler of a request of the peer on `remotePort` has answered (its body may still be going out). */
+  answered(remotePort: number): void {
+    const p = this.#peers.get(remotePort);
+    if (p) p.running--;
+  }
+
+  /**
+   * Shuts down the listener's connections with nothing going on for the idle time, and forgets
+   * peers with no request for that long.
+   *
+   * @returns how many it shut down
+   */
+  sweep(): number {
+    const now = this.#now();
+    for (const [port, p] of this.#peers) if (p.running <= 0 && now - p.began >= this.#idleMs) this.#peers.delete(port);
+    let n = 0;
+    try {
+      for (const s of ownSocketsOnPort(this.#port, "established")) {
+        // A peer with a request being handled, or one begun within the idle time, is busy.
+        if (this.#peers.has(s.remotePort)) continue;
+        if (shutDownQuietSocketDeno(s.fd, s.inode, this.#idleMs)) n++;
+      }
+    } catch {
+      // /proc unreadable or FFI refused: nothing to sweep with (tuneListener says so at start-up)
+    }
+    this.#closed += n;
+    return n;
   }
 }

@@ -516,8 +516,9 @@ Deno.test("drops a connection whose client stopped reading a response, and keeps
   }
 });
 
-Deno.test("finds the sockets on a port in a /proc/net/tcp table by state", async () => {
-  const { socketInodesOnPort } = await import("../../../src/runtime/tcp-listener-deno.ts");
+Deno.test("finds the sockets on a port in a /proc/net/tcp table by state, with their peers' ports", async () => {
+  const { socketsOnPort } = await import("../../../src/runtime/tcp-listener-deno.ts");
+  const inodes = (t: string, port: number, state?: string) => socketsOnPort(t, port, state).map((s) => s.inode);
   const table = [
     "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode",
     "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0000000000000000 100 0 0 10 0",
@@ -526,8 +527,63 @@ Deno.test("finds the sockets on a port in a /proc/net/tcp table by state", async
     "   3: 00000000:01F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 444 1 0000000000000000 100 0 0 10 0",
     "",
   ].join("\n");
-  assert.deepEqual(socketInodesOnPort(table, 8080), ["111"]);
-  assert.deepEqual(socketInodesOnPort(table, 8080, "01"), ["222"]);
-  assert.deepEqual(socketInodesOnPort(table, 50000, "01"), ["333"]);
-  assert.deepEqual(socketInodesOnPort(table, 8081), []);
+  assert.deepEqual(inodes(table, 8080), ["111"]);
+  assert.deepEqual(socketsOnPort(table, 8080, "01"), [{ inode: "222", remotePort: 50000 }]);
+  assert.deepEqual(socketsOnPort(table, 50000, "01"), [{ inode: "333", remotePort: 8080 }]);
+  assert.deepEqual(inodes(table, 8081), []);
+});
+
+Deno.test("closes connections with nothing going on for the idle time: silent, trickling headers, idle after a response; keeps busy ones (Deno.serve closes none)", async () => {
+  const net = await import("node:net");
+  const listener = await listenDeno(async (req) => {
+    if (new URL(req.url).pathname === "/slow") await new Promise((r) => setTimeout(r, 2500));
+    return new Response("ok");
+  }, { hostname: "127.0.0.1", port: 0 }, undefined, { idleMs: 1000 });
+  const port = Number(new URL(listener.url).port);
+  /** A client connection that records what it read and when the server closed it. */
+  const connect = () =>
+    new Promise<{ socket: import("node:net").Socket; read: () => string; closedAt: () => number | undefined }>((resolve, reject) => {
+      let text = "";
+      let closedAt: number | undefined;
+      const socket = net.connect(port, "127.0.0.1", () => resolve({ socket, read: () => text, closedAt: () => closedAt }));
+      socket.on("data", (c: Uint8Array) => (text += new TextDecoder().decode(c)));
+      socket.on("end", () => (closedAt ??= performance.now()));
+      socket.on("close", () => (closedAt ??= performance.now()));
+      socket.on("error", () => {});
+      socket.once("error", reject);
+    });
+  const get = (path: string) => `GET ${path} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n`;
+  const t0 = performance.now();
+  const silent = await connect();
+  const idleAfter = await connect();
+  idleAfter.socket.write(get("/"));
+  const trickler = await connect();
+  const trickle = setInterval(() => trickler.socket.write("G"), 200);
+  const busy = await connect();
+  const requests = setInterval(() => busy.socket.write(get("/")), 300);
+  const slow = await connect();
+  slow.socket.write(get("/slow"));
+  try {
+    const until = async (cond: () => boolean, what: string) => {
+      while (!cond()) {
+        if (performance.now() - t0 > 15_000) throw new Error(`Timed out waiting for ${what}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    };
+    await until(() => silent.closedAt() !== undefined, "the silent connection closed");
+    await until(() => idleAfter.closedAt() !== undefined, "the connection idle after its response closed");
+    await until(() => trickler.closedAt() !== undefined, "the connection trickling headers closed");
+    assert.match(idleAfter.read(), /^HTTP\/1.1 200/);
+    assert.ok(silent.closedAt()! - t0 >= 1000, `closed after the idle time, not before (${silent.closedAt()! - t0} ms)`);
+    await until(() => /ok$/.test(slow.read()), "the slow answer");
+    await new Promise((r) => setTimeout(r, 500));
+    assert.equal(slow.closedAt(), undefined, "the connection the server was slow to answer stays open");
+    assert.equal(busy.closedAt(), undefined, "the connection making requests stays open");
+    assert.ok((busy.read().match(/HTTP\/1.1 200/g) ?? []).length >= 8, "every request on the busy connection answered");
+  } finally {
+    clearInterval(trickle);
+    clearInterval(requests);
+    for (const c of [silent, idleAfter, trickler, busy, slow]) c.socket.destroy();
+    await listener.close();
+  }
 });
