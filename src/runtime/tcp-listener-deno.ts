@@ -12,6 +12,9 @@
  *   `--object-inflight-bytes` or `--batch-inflight-bytes`, for good. With it the kernel drops a
  *   connection whose sent bytes stay unacknowledged that long, zero-window probes included; a
  *   reader that reads, however slowly, acknowledges and is kept. Node cuts such a reader itself.
+ *
+ * And what no socket option does: `IdleConnectionSweeper` closes the listener's connections that
+ * have nothing going on (silent, trickling headers, idle keep-alive), found the same way.
  */
 
 import { shutDownQuietSocketDeno, TCP_NODELAY, TCP_USER_TIMEOUT, tcpOptionDeno } from "./libc-deno.ts";
@@ -178,6 +181,7 @@ export class IdleConnectionSweeper {
     Deno.unrefTimer(this.#timer);
   }
 
+  /** Stops sweeping (the listener is closing). */
   stop(): void {
     clearInterval(this.#timer);
     this.#timer = undefined;
