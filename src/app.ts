@@ -59,6 +59,8 @@ export interface AppDeps {
   readonly objectHolds?: ObjectHolds;
   /** The native gather; unset: batches are copied in JavaScript. */
   readonly copier?: PieceCopier;
+  /** How often a quiet prefetch event stream gets a comment line; default `SSE_KEEP_ALIVE_MS`. */
+  readonly sseKeepAliveMs?: number;
   readonly now: () => number;
   /** Reports unexpected errors. */
   readonly log: (message: string, err?: unknown) => void;
@@ -126,7 +128,7 @@ export function createApp(deps: AppDeps): Hono {
       return c.json(info);
     },
   );
-  prefetchRoutes(app, { jobs: deps.prefetch, adminToken: deps.adminToken, requestBodies });
+  prefetchRoutes(app, { jobs: deps.prefetch, adminToken: deps.adminToken, requestBodies, keepAliveMs: deps.sseKeepAliveMs });
   telemetryRoutes(app, { metrics: deps.metrics, datasets: () => deps.datasets.names(), requestBodies, now: deps.now });
   app.get("/openapi.json", routeDoc("operations", "This OpenAPI description, generated from the route definitions"), openAPIRouteHandler(app, {
     documentation: OPENAPI_DOCUMENT,

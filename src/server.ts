@@ -119,6 +119,8 @@ export interface ServerEnv {
   readonly startPlanningThread?: (log: (message: string, err?: unknown) => void) => PlanningThreadHandle;
   /** CPUs this process may run on (`--planning-thread auto` starts the thread from `PLANNING_THREAD_MIN_CPUS` on); default 1. */
   readonly cpus?: number;
+  /** How often a quiet prefetch event stream gets a comment line (default `SSE_KEEP_ALIVE_MS`; tests shorten it). */
+  readonly sseKeepAliveMs?: number;
   /** How long a shm connection may go without asking for a consumer (default 30 s; tests shorten it). */
   readonly shmOpenTimeoutMs?: number;
   /** See `ShmServerOptions.spareRingMs`. */
@@ -352,6 +354,7 @@ export async function createServer(config: Config, env: ServerEnv): Promise<Rack
     bodies: env.whenDone && bodies ? { pool: bodies, whenDone: env.whenDone, clientGone: env.clientGone } : undefined,
     objectHolds: { holds: objectHolds, whenDone: env.whenDone },
     copier,
+    sseKeepAliveMs: env.sseKeepAliveMs,
     now: env.now,
     log: env.log,
   });

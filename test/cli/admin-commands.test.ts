@@ -29,6 +29,28 @@ describe("rackfeed prefetch", () => {
     expect(await rf.metric("rackfeed_cache_blocks", { tier: "disk" })).toBe(8);
   });
 
+  it("--watch reads through the comment lines of a job that has nothing to tell for a while", async () => {
+    const { FsOrigin } = await import("../../src/origin/fs-origin.ts");
+    /** Each block read takes 300 ms, so the stream sends comment lines between events. */
+    class SlowOrigin extends FsOrigin {
+      override async read(...args: Parameters<FsOrigin["read"]>): Promise<void> {
+        await new Promise((r) => setTimeout(r, 300));
+        return await super.read(...args);
+      }
+    }
+    const quiet = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "64KiB", "--cache-dir", `${ws.dir}/cache-quiet`], {
+      makeOrigin: () => new SlowOrigin({ name: "data", root: ws.origin }),
+      sseKeepAliveMs: 20,
+    });
+    try {
+      const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "prefetch", "--server", quiet.url, "--objects", "data/warm/", "--watch", "--admin-token", ADMIN]);
+      expect(code, out).toBe(0);
+      expect(out).toMatch(/prefetch p\S+ done: 390\.6 KiB of 390\.6 KiB, 4\/4 objects, 8\/8 blocks/);
+    } finally {
+      await quiet.close();
+    }
+  });
+
   it("exits 2 with the server's message when the admin token is missing", async () => {
     const { code, out } = await runToExit(NODE, [...NODE_TS, entry, "prefetch", "--server", rf.url, "--objects", "data/warm/"]);
     expect(code).toBe(2);

@@ -3,6 +3,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { FsOrigin } from "../../src/origin/fs-origin.ts";
 import type { ObjectInfo } from "../../src/origin/origin.ts";
+import type { ServerEnv } from "../../src/server.ts";
 import { makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { putSyntheticDataset } from "../helpers/token-data.ts";
 
@@ -32,8 +33,8 @@ class SlowOrigin extends FsOrigin {
   }
 }
 
-async function start(args: string[] = [], origin?: SlowOrigin): Promise<RunningServer> {
-  const s = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "16KiB", ...args], origin ? { makeOrigin: () => origin } : {});
+async function start(args: string[] = [], origin?: SlowOrigin, env: Partial<ServerEnv> = {}): Promise<RunningServer> {
+  const s = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "16KiB", ...args], { ...(origin ? { makeOrigin: () => origin } : {}), ...env });
   servers.push(s);
   return s;
 }
@@ -207,6 +208,18 @@ describe("prefetch jobs", () => {
     expect(events.length).toBeGreaterThan(1);
     expect(events.at(-1)).toMatchObject({ state: "done", bytesDone: 20 * 16 * KiB, bytesTotal: 20 * 16 * KiB });
     for (let i = 1; i < events.length; i++) expect(events[i].bytesDone).toBeGreaterThanOrEqual(events[i - 1].bytesDone);
+  });
+
+  it("sends a comment line while a job has no progress to tell, so that idle timeouts keep the stream; clients skip it", async () => {
+    await ws.put("quiet/x.bin", new Uint8Array(2 * 16 * KiB));
+    // Each block read takes 400 ms: the stream has nothing to say for longer than its keep-alive time.
+    const rf = await start([], new SlowOrigin(ws.origin, 400), { sseKeepAliveMs: 50 });
+    const job = await (await submit(rf, { objects: ["data/quiet/"] })).json();
+    const text = await (await fetch(`${rf.url}/prefetch/${job.id}/events`, { headers: auth })).text();
+    const blocks = text.split("\n\n").filter((e) => e.trim());
+    expect(blocks.filter((e) => e === ": keep-alive").length).toBeGreaterThanOrEqual(3);
+    const events = blocks.filter((e) => e !== ": keep-alive").map((e) => JSON.parse(e.split("\n").find((l) => l.startsWith("data: "))!.slice(6)));
+    expect(events.at(-1)).toMatchObject({ state: "done", bytesDone: 2 * 16 * KiB });
   });
 
   it("gives way to trainers at a full origin queue and still finishes: no trainer read is refused, no job fails", async () => {

@@ -14,13 +14,21 @@ const OF_JOB = { ...ADMIN, responses: { ...ADMIN.responses, 404: { description: 
 /** Largest prefetch request body. */
 const MAX_PREFETCH_BYTES = 1 << 20;
 
+/** How often a prefetch event stream with no progress to send gets a comment line instead (ms). */
+export const SSE_KEEP_ALIVE_MS = 15_000;
+
 /**
  * Registers the prefetch routes.
  *
  * @param app the Hono app
- * @param deps the jobs and the admin token
+ * @param deps the jobs, the admin token, the request-body budget, and how often a quiet event
+ *   stream gets a comment line (default `SSE_KEEP_ALIVE_MS`)
  */
-export function prefetchRoutes(app: Hono, deps: { jobs: PrefetchJobs; adminToken: string | undefined; requestBodies: RequestBodies }): void {
+export function prefetchRoutes(
+  app: Hono,
+  deps: { jobs: PrefetchJobs; adminToken: string | undefined; requestBodies: RequestBodies; keepAliveMs?: number },
+): void {
+  const keepAliveMs = deps.keepAliveMs ?? SSE_KEEP_ALIVE_MS;
   app.use("/prefetch", bearerAuth({ token: deps.adminToken, required: true, role: "admin" }));
   app.use("/prefetch/*", bearerAuth({ token: deps.adminToken, required: true, role: "admin" }));
 
@@ -79,8 +87,17 @@ export function prefetchRoutes(app: Hono, deps: { jobs: PrefetchJobs; adminToken
             await stream.sleep(100);
           } else {
             if (stream.aborted) break;
-            await new Promise<void>((r) => (wake = r));
+            let timer: ReturnType<typeof setTimeout> | undefined;
+            const quiet = await new Promise<boolean>((r) => {
+              wake = () => r(false);
+              timer = setTimeout(() => r(true), keepAliveMs);
+            });
+            clearTimeout(timer);
             wake = undefined;
+            // A comment line (clients skip it): a job that waits long (queued behind others, or on
+            // a slow origin) sends no event, and a connection with nothing sent for a minute is
+            // closed by idle timeouts (rackfeed's own on Deno, a proxy's).
+            if (quiet && !stream.aborted) await stream.write(": keep-alive\n\n");
           }
         }
       } finally {
