@@ -2,6 +2,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { parseMetrics, prefetchCommand, renderStats } from "../../src/cli/admin-commands.ts";
+import { FsOrigin } from "../../src/origin/fs-origin.ts";
+import type { ObjectInfo } from "../../src/origin/origin.ts";
 import { freePort, makeWorkspace, patternBytes, type RunningServer, startServer, type Workspace } from "../helpers/rackfeed.ts";
 import { NODE, NODE_TS, ROOT, runToExit } from "../helpers/spawn.ts";
 
@@ -30,12 +32,11 @@ describe("rackfeed prefetch", () => {
   });
 
   it("--watch reads through the comment lines of a job that has nothing to tell for a while", async () => {
-    const { FsOrigin } = await import("../../src/origin/fs-origin.ts");
     /** Each block read takes 300 ms, so the stream sends comment lines between events. */
     class SlowOrigin extends FsOrigin {
-      override async read(...args: Parameters<FsOrigin["read"]>): Promise<void> {
+      override async read(key: string, info: ObjectInfo, offset: number, dest: Uint8Array): Promise<void> {
         await new Promise((r) => setTimeout(r, 300));
-        return await super.read(...args);
+        return await super.read(key, info, offset, dest);
       }
     }
     const quiet = await startServer(ws, ["--admin-token", ADMIN, "--block-bytes", "64KiB", "--cache-dir", `${ws.dir}/cache-quiet`], {
