@@ -120,23 +120,31 @@ export function tcpOptionDeno(fd: number, option: number, value?: number): numbe
 const TCP_INFO = 11;
 /** Offset of `tcpi_last_data_sent` (ms since data was last sent) in `struct tcp_info`. */
 const TCPI_LAST_DATA_SENT = 44;
+/** Offset of `tcpi_last_data_recv` (ms since data was last received) in `struct tcp_info`. */
+const TCPI_LAST_DATA_RECV = 52;
 /** `shutdown` how: both directions. */
 const SHUT_RDWR = 2;
 
+/** How long ago a TCP connection last sent and last received data (ms), from `struct tcp_info`. */
+export interface TcpQuiet {
+  readonly sentMs: number;
+  readonly receivedMs: number;
+}
+
 /**
  * Shuts down both directions of the TCP connection behind `fd` when it is still the socket of
- * `inode` and has sent no data for `quietMs`: the runtime that owns `fd` then reads its end and
- * closes it itself. `fd` is another owner's, which may close it and reuse its number at any
- * moment, so it is duplicated first and the duplicate (which only this holds) is what is checked
- * and shut down.
+ * `inode` and `cut` says so of how long it has been quiet: the runtime that owns `fd` then reads
+ * its end and closes it itself. `fd` is another owner's, which may close it and reuse its number at
+ * any moment, so it is duplicated first and the duplicate (which only this holds) is what is
+ * checked and shut down.
  *
  * @param fd a socket descriptor another part of the process owns (Deno.serve's)
  * @param inode the socket's inode, from `/proc/net/tcp`
- * @param quietMs how long since data was last sent on it, at least
+ * @param cut decides from the connection's quiet times
  * @returns whether it was shut down
  * @throws {Error} when libc is missing or FFI is not allowed
  */
-export function shutDownQuietSocketDeno(fd: number, inode: string, quietMs: number): boolean {
+export function shutDownQuietSocketDeno(fd: number, inode: string, cut: (quiet: TcpQuiet) => boolean): boolean {
   const c = lib().symbols;
   const own = c.dup(fd);
   if (own < 0) return false;
@@ -150,8 +158,9 @@ export function shutDownQuietSocketDeno(fd: number, inode: string, quietMs: numb
     if (link !== `socket:[${inode}]`) return false;
     const info = new Uint8Array(104);
     const len = new Uint32Array([info.length]);
-    if (c.getsockopt(own, IPPROTO_TCP, TCP_INFO, info, new Uint8Array(len.buffer)) !== 0 || len[0] < TCPI_LAST_DATA_SENT + 4) return false;
-    if (new DataView(info.buffer).getUint32(TCPI_LAST_DATA_SENT, true) < quietMs) return false;
+    if (c.getsockopt(own, IPPROTO_TCP, TCP_INFO, info, new Uint8Array(len.buffer)) !== 0 || len[0] < TCPI_LAST_DATA_RECV + 4) return false;
+    const v = new DataView(info.buffer);
+    if (!cut({ sentMs: v.getUint32(TCPI_LAST_DATA_SENT, true), receivedMs: v.getUint32(TCPI_LAST_DATA_RECV, true) })) return false;
     return c.shutdown(own, SHUT_RDWR) === 0;
   } finally {
     c.close(own);

@@ -19,6 +19,9 @@
 
 import { shutDownQuietSocketDeno, TCP_NODELAY, TCP_USER_TIMEOUT, tcpOptionDeno } from "./libc-deno.ts";
 
+/** A connection that received bytes this recently is not cut by a sweep, the first time (ms). */
+const RECENTLY_RECEIVED_MS = 1000;
+
 /** TCP state "listen" in `/proc/net/tcp`. */
 const TCP_LISTEN = "0A";
 /** TCP state "established" in `/proc/net/tcp`. */
@@ -137,7 +140,9 @@ export function tuneListener(port: number, unackedMs: number): string | undefine
  * That closes a connection that never sent a request (silent, or trickling its headers), and one
  * idle after its responses (HTTP/1.1 keep-alive, or an HTTP/2 session with no stream), and keeps
  * one whose request the server is slow to answer, and one whose response is being read. (A
- * response its client stopped reading is TCP_USER_TIMEOUT's: `tuneListener`.)
+ * response its client stopped reading is TCP_USER_TIMEOUT's: `tuneListener`.) A connection that
+ * received bytes within the last second is left for the next sweep, once: they may be a request
+ * not yet handed to its handler (the race of every keep-alive timeout, narrowed).
  *
  * Requests are told apart by their peer's port alone, as the kernel's table shows it: two peers
  * on different hosts with the same port only keep each other's connections open longer.
@@ -157,6 +162,8 @@ export class IdleConnectionSweeper {
   #fds = new Map<string, number>();
   /** The listener's connections at the last sweep: when each was first seen, by inode. */
   #seen = new Map<string, number>();
+  /** Connections left at the last sweep because they had just received bytes, by inode. */
+  #deferred = new Set<string>();
 
   /**
    * @param port the listener's port
@@ -228,10 +235,24 @@ export class IdleConnectionSweeper {
       // from an earlier sweep. A number taken since by another socket is harmless: the shutdown
       // checks the socket behind it first.
       if (candidates.some((s) => !this.#fds.has(s.inode))) this.#fds = fdsOfSockets(candidates.map((s) => s.inode));
+      const deferred = new Set<string>();
       for (const s of candidates) {
         const fd = this.#fds.get(s.inode);
-        if (fd !== undefined && shutDownQuietSocketDeno(fd, s.inode, this.#idleMs)) n++;
+        if (fd === undefined) continue;
+        const cut = shutDownQuietSocketDeno(fd, s.inode, ({ sentMs, receivedMs }) => {
+          if (sentMs < this.#idleMs) return false;
+          // Bytes just received may be a request on its way to its handler (an idle keep-alive
+          // client asking again): left for the next sweep, once. Received again then with still
+          // no request begun, it is a client trickling its headers.
+          if (receivedMs < RECENTLY_RECEIVED_MS && !this.#deferred.has(s.inode)) {
+            deferred.add(s.inode);
+            return false;
+          }
+          return true;
+        });
+        if (cut) n++;
       }
+      this.#deferred = deferred;
     } catch {
       // /proc unreadable or FFI refused: nothing to sweep with (tuneListener says so at start-up)
     }
