@@ -9,7 +9,7 @@ COPY package.json package-lock.json ./
 # npm install also builds the native gather (native/build/librackfeed.so, scripts/build-native.mjs):
 # the compiler is installed for that step only.
 COPY scripts/build-native.mjs ./scripts/
-COPY native/gather.c ./native/
+COPY native/gather.c native/tcp.c ./native/
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
  && npm install --no-audit --no-fund && node_modules/.bin/deno --version && test -f native/build/librackfeed.so \
  && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*

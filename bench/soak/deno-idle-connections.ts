@@ -4,7 +4,7 @@
 // with all of them open (the event loop's pause every idleMs / 4).
 //
 // Run: ulimit -n 20000; deno run -A bench/soak/deno-idle-connections.ts [CONNECTIONS=3000]
-// The clients are in the same process, so the kernel's table holds both ends of each connection.
+// The clients are in the same process, so its descriptors hold both ends of each connection.
 
 import * as net from "node:net";
 import { listenDeno } from "../../src/runtime/deno.ts";
@@ -51,8 +51,8 @@ console.log(`deno-idle-connections: ${N} silent connections, idle time ${IDLE_MS
   const listener = await listenDeno(() => new Response("ok"), { hostname: "127.0.0.1", port: 0 }, undefined, { idleMs: IDLE_MS });
   const port = Number(new URL(listener.url).port);
   const c = await silentConnections(port);
-  // A sweep of its own over all of them, none idle for it: the kernel's table read and parsed,
-  // the part every sweep pays.
+  // A sweep of its own over all of them, none idle for it: the process's descriptors listed, the
+  // part every sweep pays.
   const probe = new IdleConnectionSweeper(port, 1e9);
   const t = performance.now();
   probe.sweep();

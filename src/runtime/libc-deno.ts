@@ -2,8 +2,7 @@
  * @module libc on Deno (FFI), for the shm path: memory-mapped ring files (zero-copy views: the
  * server maps a ring read-write and assembles batches straight into its slots; the SDK maps it
  * read-only and hands out typed arrays over the slots) and the Unix credentials of a socket's
- * peer (SO_PEERCRED); and TCP options of a listening socket (see `tcp-listener-deno.ts`). Needs
- * `--allow-ffi` (`-A`).
+ * peer (SO_PEERCRED). Needs `--allow-ffi` (`-A`).
  */
 
 import type { PeerCredentials } from "../shm/shm-server.ts";
@@ -18,14 +17,10 @@ const LIBC_SYMBOLS = {
   mmap: { parameters: ["pointer", "usize", "i32", "i32", "i32", "i64"], result: "pointer" },
   munmap: { parameters: ["pointer", "usize"], result: "i32" },
   getsockopt: { parameters: ["i32", "i32", "i32", "buffer", "buffer"], result: "i32" },
-  setsockopt: { parameters: ["i32", "i32", "i32", "buffer", "u32"], result: "i32" },
-  dup: { parameters: ["i32"], result: "i32" },
-  shutdown: { parameters: ["i32", "i32"], result: "i32" },
 } as const;
 
 const SOL_SOCKET = 1;
 const SO_PEERCRED = 17;
-const IPPROTO_TCP = 6;
 
 let libc: Deno.DynamicLibrary<typeof LIBC_SYMBOLS> | undefined;
 
@@ -91,78 +86,4 @@ export function peerCredentialsDeno(fd: number): PeerCredentials | undefined {
   const len = new Uint32Array([cred.length]);
   if (lib().symbols.getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, new Uint8Array(len.buffer)) !== 0) return undefined;
   return decodeUcred(cred);
-}
-
-/** `setsockopt` option: Nagle's algorithm off when non-zero (IPPROTO_TCP, Linux). */
-export const TCP_NODELAY = 1;
-/** `setsockopt` option: ms that sent data may stay unacknowledged before the kernel drops the connection (Linux). */
-export const TCP_USER_TIMEOUT = 18;
-
-/**
- * Sets (when `value` is given) and reads an integer TCP option of a socket (IPPROTO_TCP, Linux).
- *
- * @param fd the socket's file descriptor
- * @param option `TCP_NODELAY` or `TCP_USER_TIMEOUT`
- * @returns the option's value (after setting), or undefined when a call failed
- * @throws {Error} when libc is missing or FFI is not allowed
- */
-export function tcpOptionDeno(fd: number, option: number, value?: number): number | undefined {
-  const c = lib().symbols;
-  const v = new Int32Array([value ?? 0]);
-  if (value !== undefined && c.setsockopt(fd, IPPROTO_TCP, option, new Uint8Array(v.buffer), 4) !== 0) return undefined;
-  const len = new Uint32Array([4]);
-  v[0] = 0;
-  if (c.getsockopt(fd, IPPROTO_TCP, option, new Uint8Array(v.buffer), new Uint8Array(len.buffer)) !== 0) return undefined;
-  return v[0];
-}
-
-/** `getsockopt` option: the kernel's `struct tcp_info` of a connection (IPPROTO_TCP, Linux). */
-const TCP_INFO = 11;
-/** Offset of `tcpi_last_data_sent` (ms since data was last sent) in `struct tcp_info`. */
-const TCPI_LAST_DATA_SENT = 44;
-/** Offset of `tcpi_last_data_recv` (ms since data was last received) in `struct tcp_info`. */
-const TCPI_LAST_DATA_RECV = 52;
-/** `shutdown` how: both directions. */
-const SHUT_RDWR = 2;
-
-/** How long ago a TCP connection last sent and last received data (ms), from `struct tcp_info`. */
-export interface TcpQuiet {
-  readonly sentMs: number;
-  readonly receivedMs: number;
-}
-
-/**
- * Shuts down both directions of the TCP connection behind `fd` when it is still the socket of
- * `inode` and `cut` says so of how long it has been quiet: the runtime that owns `fd` then reads
- * its end and closes it itself. `fd` is another owner's, which may close it and reuse its number at
- * any moment, so it is duplicated first and the duplicate (which only this holds) is what is
- * checked and shut down.
- *
- * @param fd a socket descriptor another part of the process owns (Deno.serve's)
- * @param inode the socket's inode, from `/proc/net/tcp`
- * @param cut decides from the connection's quiet times
- * @returns whether it was shut down
- * @throws {Error} when libc is missing or FFI is not allowed
- */
-export function shutDownQuietSocketDeno(fd: number, inode: string, cut: (quiet: TcpQuiet) => boolean): boolean {
-  const c = lib().symbols;
-  const own = c.dup(fd);
-  if (own < 0) return false;
-  try {
-    let link = "";
-    try {
-      link = Deno.readLinkSync(`/proc/self/fd/${own}`);
-    } catch {
-      return false;
-    }
-    if (link !== `socket:[${inode}]`) return false;
-    const info = new Uint8Array(104);
-    const len = new Uint32Array([info.length]);
-    if (c.getsockopt(own, IPPROTO_TCP, TCP_INFO, info, new Uint8Array(len.buffer)) !== 0 || len[0] < TCPI_LAST_DATA_RECV + 4) return false;
-    const v = new DataView(info.buffer);
-    if (!cut({ sentMs: v.getUint32(TCPI_LAST_DATA_SENT, true), receivedMs: v.getUint32(TCPI_LAST_DATA_RECV, true) })) return false;
-    return c.shutdown(own, SHUT_RDWR) === 0;
-  } finally {
-    c.close(own);
-  }
 }

@@ -441,8 +441,9 @@ Deno.test("bounds the cached blocks of HTTP/2 streams that stop reading, in one 
 
 Deno.test("sets TCP_NODELAY and TCP_USER_TIMEOUT on the connections Deno.serve accepts, over TLS too (small responses waited ~44 ms for a delayed ACK)", async () => {
   const { selfSignedCert } = await import("../../helpers/tls.ts");
-  const { tcpSocketFds } = await import("../../../src/runtime/tcp-listener-deno.ts");
-  const { tcpOptionDeno, TCP_NODELAY, TCP_USER_TIMEOUT } = await import("../../../src/runtime/libc-deno.ts");
+  const { loadNativeTcp, TCP_NODELAY, TCP_USER_TIMEOUT } = await import("../../../src/runtime/native-tcp-deno.ts");
+  const tcp = loadNativeTcp();
+  assert.ok(tcp, "native/build/librackfeed.so is built and loads");
   const { IDLE_CONNECTION_MS } = await import("../../../src/runtime/listener.ts");
   let ca = "";
   const tls = (dir: string) => {
@@ -450,7 +451,8 @@ Deno.test("sets TCP_NODELAY and TCP_USER_TIMEOUT on the connections Deno.serve a
     ca = Deno.readTextFileSync(files.cert);
     return { cert: ca, key: Deno.readTextFileSync(files.key) };
   };
-  const options = (fds: number[]) => fds.map((fd) => [tcpOptionDeno(fd, TCP_NODELAY), tcpOptionDeno(fd, TCP_USER_TIMEOUT)]);
+  const options = (fds: number[]) => fds.map((fd) => [tcp.option(fd, TCP_NODELAY), tcp.option(fd, TCP_USER_TIMEOUT)]);
+  const tcpSocketFds = (port: number, state: "listen" | "established" = "listen") => tcp.list(port).filter((s) => s.state === state).map((s) => s.fd);
   await withServer([], async (url) => {
     const port = Number(new URL(url).port);
     assert.deepEqual(options(tcpSocketFds(port)), [[1, IDLE_CONNECTION_MS]]);
@@ -471,7 +473,8 @@ Deno.test("sets TCP_NODELAY and TCP_USER_TIMEOUT on the connections Deno.serve a
 });
 
 Deno.test("drops a connection whose client stopped reading a response, and keeps one that reads slowly (Deno.serve times out neither)", async () => {
-  const { tcpSocketFds } = await import("../../../src/runtime/tcp-listener-deno.ts");
+  const { loadNativeTcp } = await import("../../../src/runtime/native-tcp-deno.ts");
+  const tcpSocketFds = (port: number, state: "listen" | "established") => loadNativeTcp()!.list(port).filter((s) => s.state === state).map((s) => s.fd);
   const net = await import("node:net");
   const body = new Uint8Array(64 << 20); // far more than loopback's socket buffers
   let completed = 0;
@@ -514,23 +517,6 @@ Deno.test("drops a connection whose client stopped reading a response, and keeps
     slow.destroy();
     await listener.close();
   }
-});
-
-Deno.test("finds the sockets on a port in a /proc/net/tcp table by state, with their peers' ports", async () => {
-  const { socketsOnPort } = await import("../../../src/runtime/tcp-listener-deno.ts");
-  const inodes = (t: string, port: number, state?: string) => socketsOnPort(t, port, state).map((s) => s.inode);
-  const table = [
-    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode",
-    "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0000000000000000 100 0 0 10 0",
-    "   1: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 222 1 0000000000000000 20 4 30 10 -1",
-    "   2: 0100007F:C350 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 333 1 0000000000000000 20 4 30 10 -1",
-    "   3: 00000000:01F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 444 1 0000000000000000 100 0 0 10 0",
-    "",
-  ].join("\n");
-  assert.deepEqual(inodes(table, 8080), ["111"]);
-  assert.deepEqual(socketsOnPort(table, 8080, "01"), [{ inode: "222", remotePort: 50000 }]);
-  assert.deepEqual(socketsOnPort(table, 50000, "01"), [{ inode: "333", remotePort: 8080 }]);
-  assert.deepEqual(inodes(table, 8081), []);
 });
 
 Deno.test("closes connections with nothing going on for the idle time: silent, trickling headers, idle after a response; keeps busy ones (Deno.serve closes none)", async () => {
