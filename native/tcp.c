@@ -4,12 +4,14 @@
  * this library rather than through libc, so that a server allowed FFI for its own library only
  * (the Docker image) has them too. Linux.
  */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -66,14 +68,48 @@ int32_t rackfeed_tcp_release(int32_t own, int32_t cut) {
 #define TCP_LIST_ROW 6
 
 /*
- * Lists this process's TCP sockets whose local port is `port`, listening (state 10) or
- * established (state 1), at most `max`, as rows of six doubles: descriptor, inode, state, peer's
- * port (0 when listening), ms since data was last sent, ms since data was last received. Found by
- * the process's descriptors (/proc/self/fd, read here: no permission of the runtime's is asked).
- * A descriptor may be closed and its number reused meanwhile: rackfeed_tcp_hold checks the inode.
- * Returns the rows written, or -errno when the descriptors cannot be listed.
+ * Whether a socket's local address is `want` (a listener's), which is a wildcard (0.0.0.0, ::)
+ * when `any`: an IPv4 address matches its IPv4-mapped IPv6 form too (a dual-stack listener).
  */
-int32_t rackfeed_tcp_list(int32_t port, double *rows, int32_t max) {
+static int same_host(const struct sockaddr_storage *a, int any, const struct in6_addr *want) {
+  if (any) return 1;
+  struct in6_addr got;
+  if (a->ss_family == AF_INET) {
+    memset(&got, 0, sizeof got);
+    got.s6_addr[10] = 0xff;
+    got.s6_addr[11] = 0xff;
+    memcpy(&got.s6_addr[12], &((const struct sockaddr_in *)a)->sin_addr, 4);
+  } else {
+    got = ((const struct sockaddr_in6 *)a)->sin6_addr;
+  }
+  return memcmp(&got, want, sizeof got) == 0;
+}
+
+/*
+ * Lists this process's TCP sockets whose local address is `host` (a listener's, as an IP literal;
+ * a wildcard such as 0.0.0.0 or :: takes any) and whose local port is `port`, listening (state 10)
+ * or established (state 1), at most `max`, as rows of six doubles: descriptor, inode, state,
+ * peer's port (0 when listening), ms since data was last sent, ms since data was last received.
+ * Found by the process's descriptors (/proc/self/fd, read here: no permission of the runtime's is
+ * asked). A descriptor may be closed and its number reused meanwhile: rackfeed_tcp_hold checks
+ * the inode. Returns the rows written, -EINVAL for a `host` that is no IP literal, or -errno when
+ * the descriptors cannot be listed.
+ */
+int32_t rackfeed_tcp_list(const char *host, int32_t port, double *rows, int32_t max) {
+  struct in6_addr want;
+  struct in_addr v4;
+  int any;
+  if (inet_pton(AF_INET6, host, &want) == 1) {
+    any = memcmp(&want, &in6addr_any, sizeof want) == 0;
+  } else if (inet_pton(AF_INET, host, &v4) == 1) {
+    any = v4.s_addr == htonl(INADDR_ANY);
+    memset(&want, 0, sizeof want);
+    want.s6_addr[10] = 0xff;
+    want.s6_addr[11] = 0xff;
+    memcpy(&want.s6_addr[12], &v4, 4);
+  } else {
+    return -EINVAL;
+  }
   DIR *dir = opendir("/proc/self/fd");
   if (!dir) return -errno;
   int own = dirfd(dir);
@@ -92,7 +128,7 @@ int32_t rackfeed_tcp_list(int32_t port, double *rows, int32_t max) {
     if (addr.ss_family == AF_INET) local = ntohs(((struct sockaddr_in *)&addr)->sin_port);
     else if (addr.ss_family == AF_INET6) local = ntohs(((struct sockaddr_in6 *)&addr)->sin6_port);
     else continue;
-    if (local != port) continue;
+    if (local != port || !same_host(&addr, any, &want)) continue;
     struct tcp_info info;
     socklen_t ilen = sizeof info;
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &ilen) != 0) continue;

@@ -53,7 +53,7 @@ console.log(`deno-idle-connections: ${N} silent connections, idle time ${IDLE_MS
   const c = await silentConnections(port);
   // A sweep of its own over all of them, none idle for it: the process's descriptors listed, the
   // part every sweep pays.
-  const probe = new IdleConnectionSweeper(port, 1e9);
+  const probe = new IdleConnectionSweeper("127.0.0.1", port, 1e9);
   const t = performance.now();
   probe.sweep();
   const first = performance.now() - t;

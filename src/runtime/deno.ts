@@ -37,21 +37,16 @@ export function listenDeno(
   let sweeper: IdleConnectionSweeper | undefined;
   const handler = (req: Request, info: Deno.ServeHandlerInfo<Deno.NetAddr>) => {
     const s = sweeper;
-    if (s === undefined) return fetch(req, bindings(req, info));
-    const peer = info.remoteAddr.port;
-    s.began(peer);
-    let answer: Response | Promise<Response>;
-    try {
-      answer = fetch(req, bindings(req, info));
-    } catch (e) {
-      s.answered(peer);
-      throw e;
+    if (s !== undefined) {
+      // In flight until its response is written out or its connection is gone (`completed`
+      // settles either way, and also after an error answer): a response still being read,
+      // however slowly, keeps its connection from the sweep.
+      const peer = info.remoteAddr.port;
+      s.began(peer);
+      const over = () => s.ended(peer);
+      info.completed.then(over, over);
     }
-    if (answer instanceof Response) {
-      s.answered(peer);
-      return answer;
-    }
-    return answer.finally(() => s.answered(peer));
+    return fetch(req, bindings(req, info));
   };
   return new Promise((resolve, reject) => {
     let server: Deno.HttpServer<Deno.NetAddr> | undefined;
@@ -97,15 +92,15 @@ export function listenDeno(
         hostname: addr.hostname,
         port,
         ...(tls ?? {}),
-        onListen: ({ port: bound }) => {
+        onListen: ({ hostname: boundHost, port: bound }) => {
           port = bound;
           // Nagle's algorithm off, as Node's HTTP servers have it, a client that stops reading
           // cut, and idle connections closed (see tcp-listener-deno.ts): Deno.serve does none of
           // it. Over TLS each small response on a keep-alive connection took ~44 ms, a stalled
           // reader kept its response's bytes for good, and silent connections took every fd.
-          const untuned = tuneListener(bound, idleMs);
+          const untuned = tuneListener(boundHost, bound, idleMs);
           if (untuned === undefined) {
-            sweeper ??= new IdleConnectionSweeper(bound, idleMs);
+            sweeper ??= new IdleConnectionSweeper(boundHost, bound, idleMs);
             sweeper.start();
           } else if (first) {
             console.error(

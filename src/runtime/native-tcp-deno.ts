@@ -13,7 +13,7 @@ const SYMBOLS = {
   rackfeed_tcp_option: { parameters: ["i32", "i32"], result: "i32" },
   rackfeed_tcp_hold: { parameters: ["i32", "f64", "buffer"], result: "i32" },
   rackfeed_tcp_release: { parameters: ["i32", "i32"], result: "i32" },
-  rackfeed_tcp_list: { parameters: ["i32", "buffer", "i32"], result: "i32" },
+  rackfeed_tcp_list: { parameters: ["buffer", "i32", "buffer", "i32"], result: "i32" },
 } as const;
 
 /** Values per row of `rackfeed_tcp_list`. */
@@ -44,8 +44,13 @@ export interface TcpSocket extends TcpQuiet {
 
 /** The native library's TCP calls. */
 export interface NativeTcp {
-  /** This process's TCP sockets on local port `port`, listening or established. */
-  list(port: number): TcpSocket[];
+  /**
+   * This process's TCP sockets on local address `host` (an IP literal, a listener's; a wildcard
+   * such as 0.0.0.0 or :: takes every address) and port `port`, listening or established.
+   *
+   * @throws {Error} when `host` is no IP literal, or the descriptors cannot be listed
+   */
+  list(host: string, port: number): TcpSocket[];
   /** Sets TCP_NODELAY and TCP_USER_TIMEOUT (ms) on a socket: 0, or -errno. */
   tune(fd: number, userTimeoutMs: number): number;
   /** An integer TCP option's value, or -errno. */
@@ -79,14 +84,15 @@ export function loadNativeTcp(): NativeTcp | undefined {
       const quietBytes = new Uint8Array(quiet.buffer);
       let rows = new Float64Array(LIST_ROW * 256);
       loaded = {
-        list(port) {
-          let n = s.rackfeed_tcp_list(port, rows, rows.length / LIST_ROW);
+        list(host, port) {
+          const cHost = new TextEncoder().encode(`${host}\0`);
+          let n = s.rackfeed_tcp_list(cHost, port, rows, rows.length / LIST_ROW);
           // Full: there may be more; again with room for four times as many.
           while (n === rows.length / LIST_ROW && rows.length / LIST_ROW < LIST_MAX) {
             rows = new Float64Array(rows.length * 4);
-            n = s.rackfeed_tcp_list(port, rows, rows.length / LIST_ROW);
+            n = s.rackfeed_tcp_list(cHost, port, rows, rows.length / LIST_ROW);
           }
-          if (n < 0) throw new Error(`Cannot list this process's sockets (errno ${-n})`);
+          if (n < 0) throw new Error(`Cannot list this process's sockets on ${host}:${port} (errno ${-n})`);
           const found: TcpSocket[] = [];
           for (let i = 0; i < n; i++) {
             const r = i * LIST_ROW;

@@ -12,8 +12,11 @@
  * - TCP_USER_TIMEOUT: Deno.serve never times a connection out, so a client that stops reading a
  *   response (its receive window at zero) held the response's bytes, and its place under
  *   `--object-inflight-bytes` or `--batch-inflight-bytes`, for good. With it the kernel drops a
- *   connection whose sent bytes stay unacknowledged that long, zero-window probes included; a
- *   reader that reads, however slowly, acknowledges and is kept. Node cuts such a reader itself.
+ *   connection whose sent bytes stay unacknowledged that long, zero-window probes included. A
+ *   reader is kept while its window reopens within that time: a receiving kernel reopens it only
+ *   once its reader has taken a good part of what it holds (~64 KB on loopback), so a reader
+ *   slower than that per timeout (about 1 KiB/s at 60 s) is cut too. Node cuts a stalled reader
+ *   itself.
  *
  * And what no socket option does: `IdleConnectionSweeper` closes the listener's connections that
  * have nothing going on (silent, trickling headers, idle keep-alive).
@@ -25,21 +28,22 @@ import { loadNativeTcp, type NativeTcp } from "./native-tcp-deno.ts";
 const RECENTLY_RECEIVED_MS = 1000;
 
 /**
- * Sets TCP_NODELAY and TCP_USER_TIMEOUT on this process's listening socket(s) on `port`, so that
- * every connection accepted from then on has them.
+ * Sets TCP_NODELAY and TCP_USER_TIMEOUT on this process's listening socket(s) on `host`:`port`,
+ * so that every connection accepted from then on has them.
  *
+ * @param host the listener's address, an IP literal (what Deno.serve's `onListen` reports)
  * @param port the listener's port
  * @param unackedMs TCP_USER_TIMEOUT: how long sent bytes may stay unacknowledged (a client that
  *   stopped reading) before the kernel drops the connection
  * @returns why it could not, or undefined once both are set
  */
-export function tuneListener(port: number, unackedMs: number): string | undefined {
+export function tuneListener(host: string, port: number, unackedMs: number): string | undefined {
   if (Deno.build.os !== "linux") return `not Linux (${Deno.build.os})`;
   const tcp = loadNativeTcp();
   if (!tcp) return "native/build/librackfeed.so not built (no C compiler at install), or no --allow-ffi for it";
   try {
-    const listening = tcp.list(port).filter((s) => s.state === "listen");
-    if (listening.length === 0) return `no listening socket found on port ${port}`;
+    const listening = tcp.list(host, port).filter((s) => s.state === "listen");
+    if (listening.length === 0) return `no listening socket found on ${host} port ${port}`;
     for (const s of listening) {
       const rc = tcp.tune(s.fd, unackedMs);
       if (rc !== 0) return `setsockopt failed on fd ${s.fd} (errno ${-rc})`;
@@ -54,25 +58,32 @@ export function tuneListener(port: number, unackedMs: number): string | undefine
  * Closes the connections of a `Deno.serve` listener that have nothing going on for `idleMs`, which
  * Deno.serve never does (session 16: ~20 000 silent connections took every file descriptor, and
  * an idle keep-alive connection was still open after 100 s): a connection is cut when no request
- * of its peer is being handled, none began within `idleMs`, and it has sent no data for `idleMs`.
- * That closes a connection that never sent a request (silent, or trickling its headers), and one
- * idle after its responses (HTTP/1.1 keep-alive, or an HTTP/2 session with no stream), and keeps
- * one whose request the server is slow to answer, and one whose response is being read. (A
- * response its client stopped reading is TCP_USER_TIMEOUT's: `tuneListener`.) A connection that
+ * of its peer is in flight (being handled, or its response not yet written out), none began within
+ * `idleMs`, and it has sent no data for `idleMs`. That closes a connection that never sent a
+ * request (silent, or trickling its headers), and one idle after its responses (HTTP/1.1
+ * keep-alive, or an HTTP/2 session with no stream), and keeps one whose request the server is
+ * slow to answer, and one whose response is being read, however slowly (its receive window may
+ * stay shut for long while the client drains what it holds). A response its client stopped
+ * reading is TCP_USER_TIMEOUT's (`tuneListener`): the kernel drops the connection, and the
+ * response is over. (Counting a request over when its handler answered, before its response
+ * was written, let a sweep cut a connection just as a slow handler answered.) A connection that
  * received bytes within the last second is left for the next sweep, once: they may be a request
  * not yet handed to its handler (the race of every keep-alive timeout, narrowed).
  *
  * Requests are told apart by their peer's port alone: two peers on different hosts with the same
  * port only keep each other's connections open longer. Connections are found every `idleMs / 4`
- * (at most 15 s) among this process's descriptors, and shut down (`shutdown(2)` on a duplicate,
- * see `NativeTcp.shutDownIfQuiet`): Deno.serve then closes them itself.
+ * (at most 15 s) among this process's descriptors by the listener's address and port (not the
+ * port alone: another socket of the process may use the same port on another address), and shut
+ * down (`shutdown(2)` on a duplicate, see `NativeTcp.shutDownIfQuiet`): Deno.serve then closes
+ * them itself.
  */
 export class IdleConnectionSweeper {
   readonly #tcp: NativeTcp;
+  readonly #host: string;
   readonly #port: number;
   readonly #idleMs: number;
   readonly #now: () => number;
-  /** Per peer port: requests being handled, and when the last one began. */
+  /** Per peer port: requests in flight, and when the last one began. */
   readonly #peers = new Map<number, { running: number; began: number }>();
   #timer: ReturnType<typeof setInterval> | undefined;
   #closed = 0;
@@ -82,16 +93,18 @@ export class IdleConnectionSweeper {
   #deferred = new Set<number>();
 
   /**
+   * @param host the listener's address, an IP literal (what Deno.serve's `onListen` reports)
    * @param port the listener's port
    * @param idleMs how long a connection may have nothing going on
    * @param now a clock in ms (tests inject one)
    * @throws {Error} where the native library is not built or FFI for it is not allowed
    */
-  constructor(port: number, idleMs: number, now: () => number = () => performance.now()) {
+  constructor(host: string, port: number, idleMs: number, now: () => number = () => performance.now()) {
     if (!(idleMs > 0)) throw new RangeError(`idleMs must be positive, got ${idleMs}`);
     const tcp = loadNativeTcp();
     if (!tcp) throw new Error("IdleConnectionSweeper needs native/build/librackfeed.so and FFI for it");
     this.#tcp = tcp;
+    this.#host = host;
     this.#port = port;
     this.#idleMs = idleMs;
     this.#now = now;
@@ -114,7 +127,7 @@ export class IdleConnectionSweeper {
     this.#timer = undefined;
   }
 
-  /** A request of the peer on `remotePort` is being handled. */
+  /** A request of the peer on `remotePort` began. */
   began(remotePort: number): void {
     const p = this.#peers.get(remotePort);
     if (p) {
@@ -123,8 +136,8 @@ export class IdleConnectionSweeper {
     } else this.#peers.set(remotePort, { running: 1, began: this.#now() });
   }
 
-  /** The handler of a request of the peer on `remotePort` has answered (its body may still be going out). */
-  answered(remotePort: number): void {
+  /** A response to the peer on `remotePort` is over: written out, or its connection gone. */
+  ended(remotePort: number): void {
     const p = this.#peers.get(remotePort);
     if (p) p.running--;
   }
@@ -143,7 +156,7 @@ export class IdleConnectionSweeper {
     try {
       const seen = new Map<number, number>();
       const deferred = new Set<number>();
-      for (const s of this.#tcp.list(this.#port)) {
+      for (const s of this.#tcp.list(this.#host, this.#port)) {
         if (s.state !== "established") continue;
         // When each connection was first seen: one younger than the idle time is not looked at.
         const first = this.#seen.get(s.inode) ?? now;

@@ -452,7 +452,7 @@ Deno.test("sets TCP_NODELAY and TCP_USER_TIMEOUT on the connections Deno.serve a
     return { cert: ca, key: Deno.readTextFileSync(files.key) };
   };
   const options = (fds: number[]) => fds.map((fd) => [tcp.option(fd, TCP_NODELAY), tcp.option(fd, TCP_USER_TIMEOUT)]);
-  const tcpSocketFds = (port: number, state: "listen" | "established" = "listen") => tcp.list(port).filter((s) => s.state === state).map((s) => s.fd);
+  const tcpSocketFds = (port: number, state: "listen" | "established" = "listen") => tcp.list("127.0.0.1", port).filter((s) => s.state === state).map((s) => s.fd);
   await withServer([], async (url) => {
     const port = Number(new URL(url).port);
     assert.deepEqual(options(tcpSocketFds(port)), [[1, IDLE_CONNECTION_MS]]);
@@ -474,7 +474,7 @@ Deno.test("sets TCP_NODELAY and TCP_USER_TIMEOUT on the connections Deno.serve a
 
 Deno.test("drops a connection whose client stopped reading a response, and keeps one that reads slowly (Deno.serve times out neither)", async () => {
   const { loadNativeTcp } = await import("../../../src/runtime/native-tcp-deno.ts");
-  const tcpSocketFds = (port: number, state: "listen" | "established") => loadNativeTcp()!.list(port).filter((s) => s.state === state).map((s) => s.fd);
+  const tcpSocketFds = (port: number, state: "listen" | "established") => loadNativeTcp()!.list("127.0.0.1", port).filter((s) => s.state === state).map((s) => s.fd);
   const net = await import("node:net");
   const body = new Uint8Array(64 << 20); // far more than loopback's socket buffers
   let completed = 0;
@@ -570,6 +570,129 @@ Deno.test("closes connections with nothing going on for the idle time: silent, t
     clearInterval(trickle);
     clearInterval(requests);
     for (const c of [silent, idleAfter, trickler, busy, slow]) c.socket.destroy();
+    await listener.close();
+  }
+});
+
+Deno.test("keeps a connection whose response is still being read though its window stays shut past the idle time (a reader draining what it holds)", async () => {
+  const net = await import("node:net");
+  const body = new Uint8Array(256 << 20);
+  const listener = await listenDeno(() => new Response(oneChunkStream(body)), { hostname: "127.0.0.1", port: 0 }, undefined, { idleMs: 1500 });
+  const port = Number(new URL(listener.url).port);
+  let got = 0;
+  let closed = false;
+  const s = net.connect(port, "127.0.0.1", () => s.write("GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"));
+  s.on("error", () => {});
+  s.on("close", () => (closed = true));
+  // Takes 16 MiB at full speed (the kernel's buffers grow), then one chunk every 250 ms.
+  s.on("data", (c: Uint8Array) => {
+    got += c.length;
+    if (got > 16 << 20) s.pause();
+  });
+  const slow = setInterval(() => {
+    if (got > 16 << 20) {
+      s.resume();
+      setTimeout(() => s.pause(), 1);
+    }
+  }, 250);
+  try {
+    const t0 = performance.now();
+    while (got <= 16 << 20 && performance.now() - t0 < 10_000) await new Promise((r) => setTimeout(r, 20));
+    const before = got;
+    await new Promise((r) => setTimeout(r, 5000)); // over three idle times of slow reading
+    assert.equal(closed, false, "the slow reader's connection is kept");
+    assert.ok(got > before, `it still reads (${before} then ${got} bytes)`);
+  } finally {
+    clearInterval(slow);
+    s.destroy();
+    await listener.close();
+  }
+});
+
+Deno.test("the idle sweep never cuts a connection while a response to its peer is in flight, and cuts it once that is over", async () => {
+  const { IdleConnectionSweeper } = await import("../../../src/runtime/tcp-listener-deno.ts");
+  const net = await import("node:net");
+  // A bare Deno.serve (no sweep of its own), swept by hand on a clock of the test's.
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, () => new Response("ok"));
+  let now = 0;
+  const sweeper = new IdleConnectionSweeper("127.0.0.1", server.addr.port, 1000, () => now);
+  let closed = false;
+  const s = await new Promise<import("node:net").Socket>((resolve) => {
+    const c = net.connect(server.addr.port, "127.0.0.1", () => resolve(c));
+  });
+  s.on("error", () => {});
+  s.on("data", () => {}); // reads the answer, so that the server's close reaches 'end'
+  s.on("close", () => (closed = true));
+  try {
+    s.write("GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n");
+    await new Promise((r) => setTimeout(r, 1200)); // its last byte sent over the idle time ago, in real time
+    sweeper.began(s.localPort!);
+    assert.equal(sweeper.sweep(), 0); // first seen now
+    now += 5000;
+    assert.equal(sweeper.sweep(), 0, "in flight: kept");
+    sweeper.ended(s.localPort!);
+    now += 5000;
+    assert.equal(sweeper.sweep(), 1, "over and quiet: cut");
+    const t0 = performance.now();
+    while (!closed && performance.now() - t0 < 5000) await new Promise((r) => setTimeout(r, 20));
+    assert.equal(closed, true, "the client sees its connection closed");
+  } finally {
+    s.destroy();
+    await server.shutdown();
+  }
+});
+
+Deno.test("the idle sweep leaves alone a socket of the process on the listener's port at another address", async () => {
+  const net = await import("node:net");
+  const listener = await listenDeno(() => new Response("ok"), { hostname: "127.0.0.1", port: 0 }, undefined, { idleMs: 1000 });
+  const port = Number(new URL(listener.url).port);
+  // Another server of this process, on 127.0.0.2 and the same port, slower to answer than the idle time.
+  const other = Deno.serve({ hostname: "127.0.0.2", port, onListen: () => {} }, async () => {
+    await new Promise((r) => setTimeout(r, 2500));
+    return new Response("slow but whole");
+  });
+  let closedEarly = false;
+  const silent = net.connect(port, "127.0.0.2");
+  silent.on("error", () => {});
+  silent.on("close", () => (closedEarly = true));
+  try {
+    const client = Deno.createHttpClient({});
+    try {
+      const res = await fetch(`http://127.0.0.2:${port}/`, { client });
+      assert.equal(await res.text(), "slow but whole");
+    } finally {
+      client.close();
+    }
+    assert.equal(closedEarly, false, "a silent connection to the other server is not the listener's to close");
+  } finally {
+    silent.destroy();
+    await other.shutdown();
+    await listener.close();
+  }
+});
+
+Deno.test("the idle sweep keeps a connection whose response body the server is slow to send (its handler answered long before)", async () => {
+  const net = await import("node:net");
+  const listener = await listenDeno(() =>
+    new Response(new ReadableStream({
+      async start(c) {
+        await new Promise((r) => setTimeout(r, 2500)); // longer than the idle time, headers long sent
+        c.enqueue(new TextEncoder().encode("late but whole"));
+        c.close();
+      },
+    })), { hostname: "127.0.0.1", port: 0 }, undefined, { idleMs: 1000 });
+  let text = "";
+  let closed = false;
+  const s = net.connect(Number(new URL(listener.url).port), "127.0.0.1", () => s.write("GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"));
+  s.on("error", () => {});
+  s.on("data", (c: Uint8Array) => (text += new TextDecoder().decode(c)));
+  s.on("close", () => (closed = true));
+  try {
+    const t0 = performance.now();
+    while (!text.includes("late but whole") && !closed && performance.now() - t0 < 10_000) await new Promise((r) => setTimeout(r, 20));
+    assert.match(text, /late but whole/);
+  } finally {
+    s.destroy();
     await listener.close();
   }
 });
