@@ -12,8 +12,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <linux/sockios.h>
 #include <unistd.h>
 
 /* TCP_NODELAY on and TCP_USER_TIMEOUT set to `user_timeout_ms`: 0, or -errno. */
@@ -37,8 +39,9 @@ int32_t rackfeed_tcp_option(int32_t fd, int32_t option) {
  * Takes a reference of its own to the socket behind `fd`, another owner's descriptor that may be
  * closed and its number reused at any moment: a duplicate, kept only if it is the socket of
  * `inode` (exact in a double). Puts how long ago the connection last sent and last received data
- * (ms, from TCP_INFO) in quiet[0] and quiet[1]. Returns the duplicate, for rackfeed_tcp_release,
- * or -1 when `fd` is no longer that socket.
+ * (ms, from TCP_INFO) in quiet[0] and quiet[1], and the bytes the kernel holds for it, sent and not
+ * yet acknowledged or not yet sent (SIOCOUTQ), in quiet[2]. Returns the duplicate, for
+ * rackfeed_tcp_release, or -1 when `fd` is no longer that socket.
  */
 int32_t rackfeed_tcp_hold(int32_t fd, double inode, uint32_t *quiet) {
   int own = dup(fd);
@@ -46,13 +49,15 @@ int32_t rackfeed_tcp_hold(int32_t fd, double inode, uint32_t *quiet) {
   struct stat st;
   struct tcp_info info;
   socklen_t len = sizeof info;
+  int queued = 0;
   if (fstat(own, &st) != 0 || !S_ISSOCK(st.st_mode) || (double)st.st_ino != inode ||
-      getsockopt(own, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) {
+      getsockopt(own, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 || ioctl(own, SIOCOUTQ, &queued) != 0) {
     close(own);
     return -1;
   }
   quiet[0] = info.tcpi_last_data_sent;
   quiet[1] = info.tcpi_last_data_recv;
+  quiet[2] = (uint32_t)queued;
   return own;
 }
 

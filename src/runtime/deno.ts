@@ -37,16 +37,25 @@ export function listenDeno(
   let sweeper: IdleConnectionSweeper | undefined;
   const handler = (req: Request, info: Deno.ServeHandlerInfo<Deno.NetAddr>) => {
     const s = sweeper;
-    if (s !== undefined) {
-      // In flight until its response is written out or its connection is gone (`completed`
-      // settles either way, and also after an error answer): a response still being read,
-      // however slowly, keeps its connection from the sweep.
-      const peer = info.remoteAddr.port;
-      s.began(peer);
-      const over = () => s.ended(peer);
-      info.completed.then(over, over);
+    if (s === undefined) return fetch(req, bindings(req, info));
+    // Handled until the handler answers; in flight until its response is written out or its
+    // connection is gone (`completed` settles either way, also after an error answer).
+    const peer = info.remoteAddr.port;
+    s.began(peer);
+    const over = () => s.ended(peer);
+    info.completed.then(over, over);
+    let answer: Response | Promise<Response>;
+    try {
+      answer = fetch(req, bindings(req, info));
+    } catch (e) {
+      s.answered(peer);
+      throw e;
     }
-    return fetch(req, bindings(req, info));
+    if (answer instanceof Response) {
+      s.answered(peer);
+      return answer;
+    }
+    return answer.finally(() => s.answered(peer));
   };
   return new Promise((resolve, reject) => {
     let server: Deno.HttpServer<Deno.NetAddr> | undefined;

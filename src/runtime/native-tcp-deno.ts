@@ -32,6 +32,11 @@ export interface TcpQuiet {
   readonly receivedMs: number;
 }
 
+/** `TcpQuiet`, and the bytes the kernel holds for the connection (sent and not yet acknowledged, or not yet sent). */
+export interface TcpState extends TcpQuiet {
+  readonly queuedBytes: number;
+}
+
 /** One of this process's TCP sockets on a local port, as `NativeTcp.list` finds it. */
 export interface TcpSocket extends TcpQuiet {
   readonly fd: number;
@@ -64,7 +69,7 @@ export interface NativeTcp {
    *
    * @returns whether it was shut down
    */
-  shutDownIfQuiet(fd: number, inode: number, cut: (quiet: TcpQuiet) => boolean): boolean;
+  shutDownIfQuiet(fd: number, inode: number, cut: (state: TcpState) => boolean): boolean;
 }
 
 let loaded: NativeTcp | null | undefined;
@@ -80,7 +85,7 @@ export function loadNativeTcp(): NativeTcp | undefined {
       // Without --allow-ffi, dlopen would prompt on a terminal: ask first, quietly.
       if (Deno.permissions.querySync({ name: "ffi", path: NATIVE_LIBRARY }).state !== "granted") throw new Error("no FFI permission");
       const { symbols: s } = Deno.dlopen(NATIVE_LIBRARY, SYMBOLS);
-      const quiet = new Uint32Array(2);
+      const quiet = new Uint32Array(3);
       const quietBytes = new Uint8Array(quiet.buffer);
       let rows = new Float64Array(LIST_ROW * 256);
       loaded = {
@@ -114,7 +119,7 @@ export function loadNativeTcp(): NativeTcp | undefined {
           if (own < 0) return false;
           let yes = false;
           try {
-            yes = cut({ sentMs: quiet[0], receivedMs: quiet[1] });
+            yes = cut({ sentMs: quiet[0], receivedMs: quiet[1], queuedBytes: quiet[2] });
           } finally {
             // Released whatever `cut` did: the duplicate is this process's own descriptor.
             if (s.rackfeed_tcp_release(own, yes ? 1 : 0) !== 0) yes = false;

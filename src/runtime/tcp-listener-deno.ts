@@ -57,18 +57,21 @@ export function tuneListener(host: string, port: number, unackedMs: number): str
 /**
  * Closes the connections of a `Deno.serve` listener that have nothing going on for `idleMs`, which
  * Deno.serve never does (session 16: ~20 000 silent connections took every file descriptor, and
- * an idle keep-alive connection was still open after 100 s): a connection is cut when no request
- * of its peer is in flight (being handled, or its response not yet written out), none began within
- * `idleMs`, and it has sent no data for `idleMs`. That closes a connection that never sent a
- * request (silent, or trickling its headers), and one idle after its responses (HTTP/1.1
- * keep-alive, or an HTTP/2 session with no stream), and keeps one whose request the server is
- * slow to answer, and one whose response is being read, however slowly (its receive window may
- * stay shut for long while the client drains what it holds). A response its client stopped
- * reading is TCP_USER_TIMEOUT's (`tuneListener`): the kernel drops the connection, and the
- * response is over. (Counting a request over when its handler answered, before its response
- * was written, let a sweep cut a connection just as a slow handler answered.) A connection that
- * received bytes within the last second is left for the next sweep, once: they may be a request
- * not yet handed to its handler (the race of every keep-alive timeout, narrowed).
+ * an idle keep-alive connection was still open after 100 s). A connection is cut when it has sent
+ * no data for `idleMs`, and no request of its peer is being handled, none began and no handler
+ * answered within `idleMs`, and, where a response to its peer is not yet written out, the kernel
+ * holds no bytes for it. So it closes a connection that never sent a request (silent, or
+ * trickling its headers), one idle after its responses (HTTP/1.1 keep-alive, or an HTTP/2
+ * session with no stream), and an HTTP/2 session whose client lets a stream's window stay shut
+ * (nothing queued in the kernel: the server holds the bytes back); and it keeps one whose request
+ * the server is slow to answer, and one whose response is being read, however slowly (its
+ * receive window may stay shut for long while the client drains what it holds; the bytes wait in
+ * the kernel). A response its client stopped reading altogether is TCP_USER_TIMEOUT's
+ * (`tuneListener`). A response whose body the server itself sends nothing of for `idleMs` after
+ * its handler answered (an origin stalled that long mid-object) cannot be told from that HTTP/2
+ * stall, and is cut too. A connection that received bytes within the last second is left for the
+ * next sweep, once: they may be a request not yet handed to its handler (the race of every
+ * keep-alive timeout, narrowed).
  *
  * Requests are told apart by their peer's port alone: two peers on different hosts with the same
  * port only keep each other's connections open longer. Connections are found every `idleMs / 4`
@@ -83,8 +86,11 @@ export class IdleConnectionSweeper {
   readonly #port: number;
   readonly #idleMs: number;
   readonly #now: () => number;
-  /** Per peer port: requests in flight, and when the last one began. */
-  readonly #peers = new Map<number, { running: number; began: number }>();
+  /**
+   * Per peer port: requests being handled, responses not yet written out, and when a request
+   * last began or a handler last answered.
+   */
+  readonly #peers = new Map<number, { handling: number; inFlight: number; last: number }>();
   #timer: ReturnType<typeof setInterval> | undefined;
   #closed = 0;
   /** The listener's connections at the last sweep: when each was first seen, by inode. */
@@ -127,19 +133,28 @@ export class IdleConnectionSweeper {
     this.#timer = undefined;
   }
 
-  /** A request of the peer on `remotePort` began. */
+  /** A request of the peer on `remotePort` began: its handler runs. */
   began(remotePort: number): void {
     const p = this.#peers.get(remotePort);
     if (p) {
-      p.running++;
-      p.began = this.#now();
-    } else this.#peers.set(remotePort, { running: 1, began: this.#now() });
+      p.handling++;
+      p.inFlight++;
+      p.last = this.#now();
+    } else this.#peers.set(remotePort, { handling: 1, inFlight: 1, last: this.#now() });
+  }
+
+  /** The handler of a request of the peer on `remotePort` answered (or failed): its response goes out. */
+  answered(remotePort: number): void {
+    const p = this.#peers.get(remotePort);
+    if (!p) return;
+    p.handling--;
+    p.last = this.#now();
   }
 
   /** A response to the peer on `remotePort` is over: written out, or its connection gone. */
   ended(remotePort: number): void {
     const p = this.#peers.get(remotePort);
-    if (p) p.running--;
+    if (p) p.inFlight--;
   }
 
   /**
@@ -151,7 +166,7 @@ export class IdleConnectionSweeper {
   sweep(): number {
     const now = this.#now();
     const idle = this.#idleMs;
-    for (const [port, p] of this.#peers) if (p.running <= 0 && now - p.began >= idle) this.#peers.delete(port);
+    for (const [port, p] of this.#peers) if (p.handling <= 0 && p.inFlight <= 0 && now - p.last >= idle) this.#peers.delete(port);
     let n = 0;
     try {
       const seen = new Map<number, number>();
@@ -161,10 +176,15 @@ export class IdleConnectionSweeper {
         // When each connection was first seen: one younger than the idle time is not looked at.
         const first = this.#seen.get(s.inode) ?? now;
         seen.set(s.inode, first);
-        // A peer with a request being handled, or one begun within the idle time, is busy.
-        if (now - first < idle || this.#peers.has(s.remotePort) || s.sentMs < idle) continue;
-        const cut = this.#tcp.shutDownIfQuiet(s.fd, s.inode, ({ sentMs, receivedMs }) => {
+        // A peer with a request being handled, or one begun or answered within the idle time, is busy.
+        const peer = this.#peers.get(s.remotePort);
+        if (now - first < idle || s.sentMs < idle || (peer && (peer.handling > 0 || now - peer.last < idle))) continue;
+        const inFlight = peer !== undefined && peer.inFlight > 0;
+        const cut = this.#tcp.shutDownIfQuiet(s.fd, s.inode, ({ sentMs, receivedMs, queuedBytes }) => {
           if (sentMs < idle) return false;
+          // A response being read, however slowly: its bytes wait in the kernel for the client's
+          // window (a client that stopped reading is the kernel's to drop, TCP_USER_TIMEOUT).
+          if (inFlight && queuedBytes > 0) return false;
           // Bytes just received may be a request on its way to its handler (an idle keep-alive
           // client asking again): left for the next sweep, once. Received again then with still
           // no request begun, it is a client trickling its headers.

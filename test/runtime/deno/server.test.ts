@@ -609,7 +609,7 @@ Deno.test("keeps a connection whose response is still being read though its wind
   }
 });
 
-Deno.test("the idle sweep never cuts a connection while a response to its peer is in flight, and cuts it once that is over", async () => {
+Deno.test("the idle sweep keeps a connection while its peer's request is handled or just answered, and cuts it once nothing has moved for the idle time", async () => {
   const { IdleConnectionSweeper } = await import("../../../src/runtime/tcp-listener-deno.ts");
   const net = await import("node:net");
   // A bare Deno.serve (no sweep of its own), swept by hand on a clock of the test's.
@@ -626,13 +626,17 @@ Deno.test("the idle sweep never cuts a connection while a response to its peer i
   try {
     s.write("GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n");
     await new Promise((r) => setTimeout(r, 1200)); // its last byte sent over the idle time ago, in real time
-    sweeper.began(s.localPort!);
+    const peer = s.localPort!;
+    sweeper.began(peer);
     assert.equal(sweeper.sweep(), 0); // first seen now
     now += 5000;
-    assert.equal(sweeper.sweep(), 0, "in flight: kept");
-    sweeper.ended(s.localPort!);
+    assert.equal(sweeper.sweep(), 0, "being handled: kept");
+    sweeper.answered(peer);
+    assert.equal(sweeper.sweep(), 0, "just answered: kept");
     now += 5000;
-    assert.equal(sweeper.sweep(), 1, "over and quiet: cut");
+    // Its response not over, yet nothing sent and nothing queued in the kernel for the idle time:
+    // an HTTP/2 stream whose window its client keeps shut looks so.
+    assert.equal(sweeper.sweep(), 1, "nothing moved for the idle time: cut");
     const t0 = performance.now();
     while (!closed && performance.now() - t0 < 5000) await new Promise((r) => setTimeout(r, 20));
     assert.equal(closed, true, "the client sees its connection closed");
@@ -671,13 +675,15 @@ Deno.test("the idle sweep leaves alone a socket of the process on the listener's
   }
 });
 
-Deno.test("the idle sweep keeps a connection whose response body the server is slow to send (its handler answered long before)", async () => {
+Deno.test("the idle sweep keeps a response the server sends slowly, each pause shorter than the idle time", async () => {
   const net = await import("node:net");
   const listener = await listenDeno(() =>
     new Response(new ReadableStream({
       async start(c) {
-        await new Promise((r) => setTimeout(r, 2500)); // longer than the idle time, headers long sent
-        c.enqueue(new TextEncoder().encode("late but whole"));
+        for (let i = 0; i < 6; i++) {
+          await new Promise((r) => setTimeout(r, 600)); // 3.6 s in all, each pause under the idle time
+          c.enqueue(new TextEncoder().encode(`part${i};`));
+        }
         c.close();
       },
     })), { hostname: "127.0.0.1", port: 0 }, undefined, { idleMs: 1000 });
@@ -689,10 +695,32 @@ Deno.test("the idle sweep keeps a connection whose response body the server is s
   s.on("close", () => (closed = true));
   try {
     const t0 = performance.now();
-    while (!text.includes("late but whole") && !closed && performance.now() - t0 < 10_000) await new Promise((r) => setTimeout(r, 20));
-    assert.match(text, /late but whole/);
+    while (!text.includes("part5;") && !closed && performance.now() - t0 < 10_000) await new Promise((r) => setTimeout(r, 20));
+    assert.match(text, /part0;[\s\S]*part5;/);
   } finally {
     s.destroy();
+    await listener.close();
+  }
+});
+
+Deno.test("closes an HTTP/2 session whose client keeps a stream's window shut (nothing queued in the kernel: flow control holds the bytes)", async () => {
+  const http2 = await import("node:http2");
+  const body = new Uint8Array(64 << 20);
+  const listener = await listenDeno(() => new Response(oneChunkStream(body)), { hostname: "127.0.0.1", port: 0 }, undefined, { idleMs: 1000 });
+  const session = http2.connect(listener.url);
+  let closedAt: number | undefined;
+  session.on("error", () => {});
+  session.on("close", () => (closedAt ??= performance.now()));
+  try {
+    const stream = session.request({ ":path": "/" });
+    stream.on("error", () => {});
+    await new Promise<void>((resolve) => stream.once("data", () => resolve()));
+    stream.pause(); // its window closes: the server holds the rest back
+    const t0 = performance.now();
+    while (closedAt === undefined && performance.now() - t0 < 15_000) await new Promise((r) => setTimeout(r, 50));
+    assert.ok(closedAt !== undefined, "the session is closed");
+  } finally {
+    session.destroy();
     await listener.close();
   }
 });
