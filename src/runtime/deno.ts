@@ -38,12 +38,10 @@ export function listenDeno(
   const handler = (req: Request, info: Deno.ServeHandlerInfo<Deno.NetAddr>) => {
     const s = sweeper;
     if (s === undefined) return fetch(req, bindings(req, info));
-    // Handled until the handler answers; in flight until its response is written out or its
-    // connection is gone (`completed` settles either way, also after an error answer).
+    // Handled until the handler answers (its response's bytes are then the kernel's to hold:
+    // see `IdleConnectionSweeper`).
     const peer = info.remoteAddr.port;
     s.began(peer);
-    const over = () => s.ended(peer);
-    info.completed.then(over, over);
     let answer: Response | Promise<Response>;
     try {
       answer = fetch(req, bindings(req, info));

@@ -58,9 +58,9 @@ export function tuneListener(host: string, port: number, unackedMs: number): str
  * Closes the connections of a `Deno.serve` listener that have nothing going on for `idleMs`, which
  * Deno.serve never does (session 16: ~20 000 silent connections took every file descriptor, and
  * an idle keep-alive connection was still open after 100 s). A connection is cut when it has sent
- * no data for `idleMs`, and no request of its peer is being handled, none began and no handler
- * answered within `idleMs`, and, where a response to its peer is not yet written out, the kernel
- * holds no bytes for it. So it closes a connection that never sent a request (silent, or
+ * no data for `idleMs`, the kernel holds no bytes for it (sent and unacknowledged, or not yet
+ * sent), and no request of its peer is being handled, none began and no handler answered within
+ * `idleMs`. So it closes a connection that never sent a request (silent, or
  * trickling its headers), one idle after its responses (HTTP/1.1 keep-alive, or an HTTP/2
  * session with no stream), and an HTTP/2 session whose client lets a stream's window stay shut
  * (nothing queued in the kernel: the server holds the bytes back); and it keeps one whose request
@@ -86,11 +86,8 @@ export class IdleConnectionSweeper {
   readonly #port: number;
   readonly #idleMs: number;
   readonly #now: () => number;
-  /**
-   * Per peer port: requests being handled, responses not yet written out, and when a request
-   * last began or a handler last answered.
-   */
-  readonly #peers = new Map<number, { handling: number; inFlight: number; last: number }>();
+  /** Per peer port: requests being handled, and when a request last began or a handler last answered. */
+  readonly #peers = new Map<number, { handling: number; last: number }>();
   #timer: ReturnType<typeof setInterval> | undefined;
   #closed = 0;
   /** The listener's connections at the last sweep: when each was first seen, by inode. */
@@ -138,9 +135,8 @@ export class IdleConnectionSweeper {
     const p = this.#peers.get(remotePort);
     if (p) {
       p.handling++;
-      p.inFlight++;
       p.last = this.#now();
-    } else this.#peers.set(remotePort, { handling: 1, inFlight: 1, last: this.#now() });
+    } else this.#peers.set(remotePort, { handling: 1, last: this.#now() });
   }
 
   /** The handler of a request of the peer on `remotePort` answered (or failed): its response goes out. */
@@ -149,12 +145,6 @@ export class IdleConnectionSweeper {
     if (!p) return;
     p.handling--;
     p.last = this.#now();
-  }
-
-  /** A response to the peer on `remotePort` is over: written out, or its connection gone. */
-  ended(remotePort: number): void {
-    const p = this.#peers.get(remotePort);
-    if (p) p.inFlight--;
   }
 
   /**
@@ -166,7 +156,7 @@ export class IdleConnectionSweeper {
   sweep(): number {
     const now = this.#now();
     const idle = this.#idleMs;
-    for (const [port, p] of this.#peers) if (p.handling <= 0 && p.inFlight <= 0 && now - p.last >= idle) this.#peers.delete(port);
+    for (const [port, p] of this.#peers) if (p.handling <= 0 && now - p.last >= idle) this.#peers.delete(port);
     let n = 0;
     try {
       const seen = new Map<number, number>();
@@ -179,12 +169,13 @@ export class IdleConnectionSweeper {
         // A peer with a request being handled, or one begun or answered within the idle time, is busy.
         const peer = this.#peers.get(s.remotePort);
         if (now - first < idle || s.sentMs < idle || (peer && (peer.handling > 0 || now - peer.last < idle))) continue;
-        const inFlight = peer !== undefined && peer.inFlight > 0;
         const cut = this.#tcp.shutDownIfQuiet(s.fd, s.inode, ({ sentMs, receivedMs, queuedBytes }) => {
           if (sentMs < idle) return false;
           // A response being read, however slowly: its bytes wait in the kernel for the client's
-          // window (a client that stopped reading is the kernel's to drop, TCP_USER_TIMEOUT).
-          if (inFlight && queuedBytes > 0) return false;
+          // window, also once Deno has written its last (a client that stopped reading is the
+          // kernel's to drop, TCP_USER_TIMEOUT). Counting a response in flight until Deno's
+          // `completed` instead pinned an HTTP/2 session whose client keeps a window shut.
+          if (queuedBytes > 0) return false;
           // Bytes just received may be a request on its way to its handler (an idle keep-alive
           // client asking again): left for the next sweep, once. Received again then with still
           // no request begun, it is a client trickling its headers.

@@ -634,8 +634,8 @@ Deno.test("the idle sweep keeps a connection while its peer's request is handled
     sweeper.answered(peer);
     assert.equal(sweeper.sweep(), 0, "just answered: kept");
     now += 5000;
-    // Its response not over, yet nothing sent and nothing queued in the kernel for the idle time:
-    // an HTTP/2 stream whose window its client keeps shut looks so.
+    // Its handler answered long ago, and nothing sent or queued in the kernel for the idle time
+    // (an HTTP/2 stream whose window its client keeps shut looks so too).
     assert.equal(sweeper.sweep(), 1, "nothing moved for the idle time: cut");
     const t0 = performance.now();
     while (!closed && performance.now() - t0 < 5000) await new Promise((r) => setTimeout(r, 20));
