@@ -64,9 +64,11 @@ export function tuneListener(host: string, port: number, unackedMs: number): str
  * trickling its headers), one idle after its responses (HTTP/1.1 keep-alive, or an HTTP/2
  * session with no stream), and an HTTP/2 session whose client lets a stream's window stay shut
  * (nothing queued in the kernel: the server holds the bytes back); and it keeps one whose request
- * the server is slow to answer, and one whose response is being read, however slowly (its
- * receive window may stay shut for long while the client drains what it holds; the bytes wait in
- * the kernel). A response its client stopped reading altogether is TCP_USER_TIMEOUT's
+ * the server is slow to answer, and one whose response is being read over HTTP/1.1, however
+ * slowly (its receive window may stay shut for long while the client drains what it holds; the
+ * bytes wait in the kernel). An HTTP/2 reader that takes less than one stream window per
+ * `idleMs` looks like the stall above and is cut too (at 60 s, about 1 KiB/s with 64 KiB
+ * windows). A response its client stopped reading altogether is TCP_USER_TIMEOUT's
  * (`tuneListener`). A response whose body the server itself sends nothing of for `idleMs` after
  * its handler answered (an origin stalled that long mid-object) cannot be told from that HTTP/2
  * stall, and is cut too. A connection that received bytes within the last second is left for the
