@@ -72,21 +72,24 @@ int32_t rackfeed_tcp_release(int32_t own, int32_t cut) {
 /* Values per row of rackfeed_tcp_list. */
 #define TCP_LIST_ROW 6
 
+/* `v4` as its IPv4-mapped IPv6 address (::ffff:a.b.c.d), so that both families compare as one. */
+static struct in6_addr mapped(const struct in_addr *v4) {
+  struct in6_addr a;
+  memset(&a, 0, sizeof a);
+  a.s6_addr[10] = 0xff;
+  a.s6_addr[11] = 0xff;
+  memcpy(&a.s6_addr[12], v4, 4);
+  return a;
+}
+
 /*
  * Whether a socket's local address is `want` (a listener's), which is a wildcard (0.0.0.0, ::)
  * when `any`: an IPv4 address matches its IPv4-mapped IPv6 form too (a dual-stack listener).
  */
 static int same_host(const struct sockaddr_storage *a, int any, const struct in6_addr *want) {
   if (any) return 1;
-  struct in6_addr got;
-  if (a->ss_family == AF_INET) {
-    memset(&got, 0, sizeof got);
-    got.s6_addr[10] = 0xff;
-    got.s6_addr[11] = 0xff;
-    memcpy(&got.s6_addr[12], &((const struct sockaddr_in *)a)->sin_addr, 4);
-  } else {
-    got = ((const struct sockaddr_in6 *)a)->sin6_addr;
-  }
+  struct in6_addr got = a->ss_family == AF_INET ? mapped(&((const struct sockaddr_in *)a)->sin_addr)
+                                                : ((const struct sockaddr_in6 *)a)->sin6_addr;
   return memcmp(&got, want, sizeof got) == 0;
 }
 
@@ -108,10 +111,7 @@ int32_t rackfeed_tcp_list(const char *host, int32_t port, double *rows, int32_t 
     any = memcmp(&want, &in6addr_any, sizeof want) == 0;
   } else if (inet_pton(AF_INET, host, &v4) == 1) {
     any = v4.s_addr == htonl(INADDR_ANY);
-    memset(&want, 0, sizeof want);
-    want.s6_addr[10] = 0xff;
-    want.s6_addr[11] = 0xff;
-    memcpy(&want.s6_addr[12], &v4, 4);
+    want = mapped(&v4);
   } else {
     return -EINVAL;
   }

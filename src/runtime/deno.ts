@@ -21,8 +21,9 @@ import { cpuLimit } from "./cpu-limit.ts";
  * @param fetch the handler
  * @param addr where to listen
  * @param tls PEM certificate and key, for HTTPS
- * @param limits `idleMs`: how long a client may leave a response unread (TCP_USER_TIMEOUT; Deno.serve
- *   has no timeouts of its own); `queuedBytes` is not used (Deno bounds a connection's streams itself)
+ * @param limits `idleMs`: how long a connection may have nothing going on before it is closed, and a
+ *   client may leave a response unread (TCP_USER_TIMEOUT; Deno.serve has no timeouts of its own);
+ *   `queuedBytes` is not used (Deno bounds a connection's streams itself)
  * @returns the listener, once bound
  * @throws {Deno.errors.AddrInUse} when the address is taken
  */
@@ -35,26 +36,19 @@ export function listenDeno(
   const idleMs = limits.idleMs ?? IDLE_CONNECTION_MS;
   // Made once the port is known and the listener's options could be set (Linux, FFI allowed).
   let sweeper: IdleConnectionSweeper | undefined;
-  const handler = (req: Request, info: Deno.ServeHandlerInfo<Deno.NetAddr>) => {
-    const s = sweeper;
-    if (s === undefined) return fetch(req, bindings(req, info));
-    // Handled until the handler answers (its response's bytes are then the kernel's to hold:
-    // see `IdleConnectionSweeper`).
+  // Each request counts for its peer's connection until its handler answers (its response's
+  // bytes are then the kernel's to hold: see `IdleConnectionSweeper`).
+  const counted = async (s: IdleConnectionSweeper, req: Request, info: Deno.ServeHandlerInfo<Deno.NetAddr>) => {
     const peer = info.remoteAddr.port;
     s.began(peer);
-    let answer: Response | Promise<Response>;
     try {
-      answer = fetch(req, bindings(req, info));
-    } catch (e) {
+      return await fetch(req, bindings(req, info));
+    } finally {
       s.answered(peer);
-      throw e;
     }
-    if (answer instanceof Response) {
-      s.answered(peer);
-      return answer;
-    }
-    return answer.finally(() => s.answered(peer));
   };
+  const handler = (req: Request, info: Deno.ServeHandlerInfo<Deno.NetAddr>) =>
+    sweeper === undefined ? fetch(req, bindings(req, info)) : counted(sweeper, req, info);
   return new Promise((resolve, reject) => {
     let server: Deno.HttpServer<Deno.NetAddr> | undefined;
     let closing = false;

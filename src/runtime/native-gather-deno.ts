@@ -4,11 +4,9 @@
  * are nonblocking FFI calls, which Deno runs on its blocking-task threads.
  */
 
-import { fileURLToPath } from "node:url";
 import type { PieceCopier } from "../batch/piece-copier.ts";
 import { cpuLimit } from "./cpu-limit.ts";
-
-const NATIVE_LIBRARY = fileURLToPath(new URL("../../native/build/librackfeed.so", import.meta.url));
+import { openNativeLibrary } from "./native-library-deno.ts";
 
 const SYMBOLS = {
   rackfeed_address: { parameters: ["buffer"], result: "f64" },
@@ -26,9 +24,7 @@ let loaded: PieceCopier | null | undefined;
 export function loadDenoPieceCopier(): PieceCopier | undefined {
   if (loaded === undefined) {
     try {
-      // Without --allow-ffi, dlopen would prompt on a terminal: ask first, quietly.
-      if (Deno.permissions.querySync({ name: "ffi", path: NATIVE_LIBRARY }).state !== "granted") throw new Error("no FFI permission");
-      const { symbols: s } = Deno.dlopen(NATIVE_LIBRARY, SYMBOLS);
+      const s = openNativeLibrary(SYMBOLS);
       // Addresses travel as doubles: exact below 2^53 (see native-gather-node.ts).
       if (!Number.isSafeInteger(s.rackfeed_address(new Uint8Array(4096)))) throw new Error("addresses do not fit a double");
       loaded = {

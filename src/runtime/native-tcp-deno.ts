@@ -4,9 +4,7 @@
  * image, `--allow-ffi=/app/native/build/librackfeed.so`) has them too.
  */
 
-import { fileURLToPath } from "node:url";
-
-const NATIVE_LIBRARY = fileURLToPath(new URL("../../native/build/librackfeed.so", import.meta.url));
+import { openNativeLibrary } from "./native-library-deno.ts";
 
 const SYMBOLS = {
   rackfeed_tcp_tune: { parameters: ["i32", "i32"], result: "i32" },
@@ -82,9 +80,7 @@ let loaded: NativeTcp | null | undefined;
 export function loadNativeTcp(): NativeTcp | undefined {
   if (loaded === undefined) {
     try {
-      // Without --allow-ffi, dlopen would prompt on a terminal: ask first, quietly.
-      if (Deno.permissions.querySync({ name: "ffi", path: NATIVE_LIBRARY }).state !== "granted") throw new Error("no FFI permission");
-      const { symbols: s } = Deno.dlopen(NATIVE_LIBRARY, SYMBOLS);
+      const s = openNativeLibrary(SYMBOLS);
       const quiet = new Uint32Array(3);
       const quietBytes = new Uint8Array(quiet.buffer);
       let rows = new Float64Array(LIST_ROW * 256);

@@ -16,6 +16,14 @@ async function waitUntil(cond: () => Promise<boolean>, what: string, timeoutMs =
   }
 }
 
+/** This process's sockets on 127.0.0.1:`port` in a state, through the native library (which must be built). */
+async function tcpSocketFds(port: number, state: "listen" | "established"): Promise<number[]> {
+  const { loadNativeTcp } = await import("../../../src/runtime/native-tcp-deno.ts");
+  const tcp = loadNativeTcp();
+  assert.ok(tcp, "native/build/librackfeed.so is built and loads");
+  return tcp.list("127.0.0.1", port).filter((s) => s.state === state).map((s) => s.fd);
+}
+
 function pattern(n: number): Uint8Array {
   const out = new Uint8Array(n);
   for (let i = 0; i < n; i++) out[i] = (i * 31 + (i >> 8)) & 0xff;
@@ -442,8 +450,7 @@ Deno.test("bounds the cached blocks of HTTP/2 streams that stop reading, in one 
 Deno.test("sets TCP_NODELAY and TCP_USER_TIMEOUT on the connections Deno.serve accepts, over TLS too (small responses waited ~44 ms for a delayed ACK)", async () => {
   const { selfSignedCert } = await import("../../helpers/tls.ts");
   const { loadNativeTcp, TCP_NODELAY, TCP_USER_TIMEOUT } = await import("../../../src/runtime/native-tcp-deno.ts");
-  const tcp = loadNativeTcp();
-  assert.ok(tcp, "native/build/librackfeed.so is built and loads");
+  const tcp = loadNativeTcp()!;
   const { IDLE_CONNECTION_MS } = await import("../../../src/runtime/listener.ts");
   let ca = "";
   const tls = (dir: string) => {
@@ -452,10 +459,9 @@ Deno.test("sets TCP_NODELAY and TCP_USER_TIMEOUT on the connections Deno.serve a
     return { cert: ca, key: Deno.readTextFileSync(files.key) };
   };
   const options = (fds: number[]) => fds.map((fd) => [tcp.option(fd, TCP_NODELAY), tcp.option(fd, TCP_USER_TIMEOUT)]);
-  const tcpSocketFds = (port: number, state: "listen" | "established" = "listen") => tcp.list("127.0.0.1", port).filter((s) => s.state === state).map((s) => s.fd);
   await withServer([], async (url) => {
     const port = Number(new URL(url).port);
-    assert.deepEqual(options(tcpSocketFds(port)), [[1, IDLE_CONNECTION_MS]]);
+    assert.deepEqual(options(await tcpSocketFds(port, "listen")), [[1, IDLE_CONNECTION_MS]]);
     // A keep-alive connection stays open after its responses: the server's end of it is checked.
     const client = Deno.createHttpClient({ caCerts: [ca], http2: false });
     try {
@@ -463,7 +469,7 @@ Deno.test("sets TCP_NODELAY and TCP_USER_TIMEOUT on the connections Deno.serve a
         const res = await fetch(`${url}/v1/objects/data/shard.bin`, { client, headers: { range: "bytes=0-4095" } });
         assert.deepEqual(new Uint8Array(await res.arrayBuffer()), pattern(4096));
       }
-      const accepted = tcpSocketFds(port, "established");
+      const accepted = await tcpSocketFds(port, "established");
       assert.ok(accepted.length >= 1, "the server's end of the connection found");
       assert.deepEqual(options(accepted), accepted.map(() => [1, IDLE_CONNECTION_MS]));
     } finally {
@@ -473,8 +479,6 @@ Deno.test("sets TCP_NODELAY and TCP_USER_TIMEOUT on the connections Deno.serve a
 });
 
 Deno.test("drops a connection whose client stopped reading a response, and keeps one that reads slowly (Deno.serve times out neither)", async () => {
-  const { loadNativeTcp } = await import("../../../src/runtime/native-tcp-deno.ts");
-  const tcpSocketFds = (port: number, state: "listen" | "established") => loadNativeTcp()!.list("127.0.0.1", port).filter((s) => s.state === state).map((s) => s.fd);
   const net = await import("node:net");
   const body = new Uint8Array(64 << 20); // far more than loopback's socket buffers
   let completed = 0;
@@ -507,7 +511,7 @@ Deno.test("drops a connection whose client stopped reading a response, and keeps
     const t0 = performance.now();
     while (completed < 1 && performance.now() - t0 < 30_000) await new Promise((r) => setTimeout(r, 100));
     assert.equal(completed, 1, "the stalled reader's response is over (dropped by the kernel)");
-    assert.equal(tcpSocketFds(port, "established").length, 1, "the slow reader's connection is kept");
+    assert.equal((await tcpSocketFds(port, "established")).length, 1, "the slow reader's connection is kept");
     const before = slowBytes;
     await new Promise((r) => setTimeout(r, 1000));
     assert.ok(slowBytes > before, `the slow reader still reads (${before} then ${slowBytes} bytes)`);
