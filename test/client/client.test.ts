@@ -227,4 +227,25 @@ describe("createClient (rackfeed/client/node)", () => {
       await tls.close();
     }
   });
+
+  it("falls back to HTTP/1.1 for a cleartext URL whose server offers no shm path (fetch speaks no h2c)", async () => {
+    const plain = await startServer(ws, [...args, "--shm-dir", "off", "--cache-dir", join(ws.dir, "c-plain")]);
+    const served = async (transport: string) => readMetric(await (await fetch(`${plain.url}/metrics`)).text(), "rackfeed_served_bytes_total", { transport });
+    const c = createClient({ url: plain.url });
+    try {
+      expect(await c.transport()).toBe("http");
+      let bytes = 0;
+      for await (const b of c.batches("d", { rank: 0, world: 1, microBatch: 4, endStep: 3 })) {
+        expect(b.transport).toBe("http");
+        bytes += b.tokens.byteLength;
+      }
+      expect(bytes).toBeGreaterThan(0);
+      expect(await served("http1")).toBeGreaterThanOrEqual(bytes);
+      expect(await served("http2")).toBe(0);
+      expect(await served("shm")).toBe(0);
+    } finally {
+      await c.close();
+      await plain.close();
+    }
+  });
 });

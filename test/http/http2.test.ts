@@ -27,17 +27,58 @@ afterAll(async () => {
 });
 
 /** GETs `path` over an HTTP/2 session; resolves with status, headers and body. */
-function h2get(session: http2.ClientHttp2Session, path: string, headers: Record<string, string> = {}) {
+function h2get(session: http2.ClientHttp2Session, path: string, headers: Record<string, string> = {}, method = "GET", sent?: string) {
   return new Promise<{ status: number; headers: http2.IncomingHttpHeaders; body: Buffer }>((resolve, reject) => {
-    const req = session.request({ ":path": path, ...headers });
+    const req = session.request({ ":path": path, ":method": method, ...headers });
     const chunks: Buffer[] = [];
     let head: http2.IncomingHttpHeaders = {};
     req.on("response", (h) => (head = h));
     req.on("data", (d) => chunks.push(d));
     req.on("end", () => resolve({ status: Number(head[":status"]), headers: head, body: Buffer.concat(chunks) }));
     req.on("error", reject);
-    req.end();
+    req.end(sent);
   });
+}
+
+/** The same request with a body (`method` POST, PUT) over an HTTP/2 session. */
+function h2send(session: http2.ClientHttp2Session, method: string, path: string, sent: unknown, headers: Record<string, string> = {}) {
+  return h2get(session, path, { "content-type": "application/json", ...headers }, method, JSON.stringify(sent));
+}
+
+/**
+ * Every kind of route over one HTTP/2 session of `url` (a server with admin token `admin`, whose
+ * origin `data` holds big.bin and the token dataset tok/NAME): a registration (a PUT body), the
+ * datasets list, a token batch (the same bytes as over HTTP/1.1), telemetry (a POST body) that
+ * reaches /metrics, a prefetch job (a POST body) and its event stream, and errors.
+ */
+async function expectEveryRouteOverH2(session: http2.ClientHttp2Session, url: string, admin: string, name: string): Promise<void> {
+  const auth = { authorization: `Bearer ${admin}` };
+  const registration = { sources: [{ prefix: `data/tok/${name}` }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 64 };
+  expect((await h2send(session, "PUT", `/v1/datasets/${name}`, registration)).status).toBe(401); // no token
+  const put = await h2send(session, "PUT", `/v1/datasets/${name}`, registration, auth);
+  expect(put.status, put.body.toString()).toBe(201);
+  const list = JSON.parse((await h2get(session, "/v1/datasets")).body.toString());
+  expect(list.datasets).toContain(name);
+  const batchPath = `/v1/datasets/${name}/batches/3?rank=0&world=1&micro_batch=4`;
+  const batch = await h2get(session, batchPath);
+  expect(batch.status).toBe(200);
+  expect(batch.body.length).toBe(4 * 4097 * 2);
+  expectSameBytes(new Uint8Array(batch.body), new Uint8Array(await (await fetch(`${url}${batchPath}`)).arrayBuffer()));
+  const waits = async () => readMetric((await h2get(session, "/metrics")).body.toString(), "rackfeed_t_wait_seconds_count", { dataset: name });
+  const before = await waits();
+  const report = { dataset: name, rank: 0, world: 1, micro_batch: 4, steps: [3, 4].map((step) => ({ step, t_wait: 0.001, t_h2d: 0.002, t_compute: 0.1 })) };
+  expect((await h2send(session, "POST", "/v1/telemetry", report)).status).toBe(204);
+  expect(await waits()).toBe(before + 2);
+  const job = await h2send(session, "POST", "/prefetch", { objects: ["data/big.bin"] }, auth);
+  expect(job.status, job.body.toString()).toBe(202);
+  const events = await h2get(session, `/prefetch/${JSON.parse(job.body.toString()).id}/events`, auth);
+  expect(events.headers["content-type"]).toMatch(/text\/event-stream/);
+  expect(events.body.toString()).toMatch(/event: progress\ndata: \{.*"state":"done"/);
+  expect((await h2get(session, "/v1/objects/data/%2e%2e/x")).status).toBe(400);
+  const missing = await h2get(session, "/v1/datasets/no-such-dataset/batches/0?rank=0&world=1&micro_batch=4");
+  expect(missing.status).toBe(404);
+  expect(missing.body.toString()).toMatch(/no-such-dataset/);
+  expect((await h2send(session, "POST", "/v1/telemetry", { dataset: name, steps: "none" })).status).toBe(400);
 }
 
 /**
@@ -45,12 +86,17 @@ function h2get(session: http2.ClientHttp2Session, path: string, headers: Record<
  * documents (seed `seed`), whose batches of 300 samples are 2.4 MB.
  */
 async function startBatchServer(name: string, seed: number): Promise<RunningServer> {
-  const { idx, bin } = syntheticDataset(400, 500, 6000, seed);
-  await ws.put(`tok/${name}.idx`, idx);
-  await ws.put(`tok/${name}.bin`, bin);
+  await putTokenDataset(name, seed);
   const reg = join(ws.dir, `${name}.json`);
   writeFileSync(reg, JSON.stringify({ sources: [{ prefix: `data/tok/${name}` }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 3000 }));
   return await startServer(ws, ["--dataset", `${name}=${reg}`, "--cache-dir", join(ws.dir, `c-${name}`)]);
+}
+
+/** Writes tok/NAME.idx and .bin to the origin: 400 synthetic documents of 500–6000 tokens (seed `seed`). */
+async function putTokenDataset(name: string, seed: number): Promise<void> {
+  const { idx, bin } = syntheticDataset(400, 500, 6000, seed);
+  await ws.put(`tok/${name}.idx`, idx);
+  await ws.put(`tok/${name}.bin`, bin);
 }
 
 async function curl(args: string[]): Promise<{ version: string; sha: string }> {
@@ -311,6 +357,18 @@ describe("HTTP/2 on Node", () => {
     }
   });
 
+  it("takes request bodies and serves batches, telemetry and event streams over h2c", async () => {
+    await putTokenDataset("h2node", 7);
+    const admin = await startServer(ws, ["--admin-token", "h2-admin", "--cache-dir", join(ws.dir, "c-routes")]);
+    const session = http2.connect(admin.url);
+    try {
+      await expectEveryRouteOverH2(session, admin.url, "h2-admin", "h2node");
+    } finally {
+      session.destroy();
+      await admin.close();
+    }
+  });
+
   it("serves HTTPS with ALPN h2 (undici allowH2) and http/1.1 (curl)", async () => {
     const tls = await startServer(ws, ["--tls-cert", cert, "--tls-key", key, "--cache-dir", join(ws.dir, "c-tls")]);
     const { readFileSync } = await import("node:fs");
@@ -370,8 +428,9 @@ describe("HTTP/2 on Deno", () => {
   let plain: ChildServer;
   let secure: ChildServer;
   beforeAll(async () => {
-    const common = ["run", "-A", `${ROOT}src/main.ts`, "serve", "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`];
-    plain = await startChild(DENO, [...common, "--cache-dir", join(ws.dir, "c-deno")]);
+    const common = ["run", "-A", `${ROOT}src/main.ts`, "serve", "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`, "--shm-dir", "off"];
+    await putTokenDataset("h2deno", 8);
+    plain = await startChild(DENO, [...common, "--cache-dir", join(ws.dir, "c-deno"), "--admin-token", "h2-deno-admin"]);
     secure = await startChild(DENO, [...common, "--cache-dir", join(ws.dir, "c-deno-tls"), "--tls-cert", cert, "--tls-key", key]);
   }, 120_000);
   afterAll(async () => {
@@ -418,5 +477,29 @@ describe("HTTP/2 on Deno", () => {
     expect(secure.url).toMatch(/^https:/);
     expect(await curl(["--http2", "--cacert", cert, `${secure.url}/v1/objects/data/big.bin`])).toEqual({ version: "2", sha: sha(body) });
     expect(await curl(["--http1.1", "--cacert", cert, `${secure.url}/v1/objects/data/big.bin`])).toEqual({ version: "1.1", sha: sha(body) });
+  });
+
+  it("takes request bodies and serves batches, telemetry and event streams over h2c", async () => {
+    const session = http2.connect(plain.url);
+    try {
+      await expectEveryRouteOverH2(session, plain.url, "h2-deno-admin", "h2deno");
+    } finally {
+      session.destroy();
+    }
+  });
+
+  it("serves undici's HTTP/2 over TLS (allowH2), counted as http2", async () => {
+    const { readFileSync } = await import("node:fs");
+    const client = new Client(secure.url, { allowH2: true, connect: { ca: readFileSync(cert, "utf8") } });
+    try {
+      const served = async () => readMetric(await (await client.request({ path: "/metrics", method: "GET" })).body.text(), "rackfeed_served_bytes_total", { transport: "http2" });
+      const before = await served();
+      const res = await client.request({ path: "/v1/objects/data/big.bin", method: "GET", headers: { range: "bytes=5-70004" } });
+      expect(res.statusCode).toBe(206);
+      expectSameBytes(new Uint8Array(await res.body.arrayBuffer()), body.subarray(5, 70005));
+      expect(await served()).toBe(before + 70000);
+    } finally {
+      await client.close();
+    }
   });
 });

@@ -30,7 +30,7 @@ import {
 } from "../../src/shm/protocol.ts";
 import { ShmStartupError } from "../../src/server.ts";
 import { expectSameBytes, freePort, makeWorkspace, type RunningServer, startServer, waitFor, within, type Workspace } from "../helpers/rackfeed.ts";
-import { NODE, NODE_TS, ROOT } from "../helpers/spawn.ts";
+import { DENO, NODE, NODE_TS, ROOT, startChild } from "../helpers/spawn.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
 import { countingCopier } from "../helpers/counting-copier.ts";
 import { type GreetedControl, greetedControl } from "../helpers/shm-control.ts";
@@ -943,27 +943,33 @@ describe("shared-memory fast path", () => {
       expect((await exchange([encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION })], 1, socket)).t).toBe("welcome");
       // Another user: the socket's mode would keep it out; open it up to see the server's own check.
       chmodSync(socket, 0o666);
-      // A peer as nobody (uid 65534): a plain node process that sends one frame and prints the first reply.
-      const peer = `
-        const net = require("node:net");
-        const s = net.connect(process.argv[1], () => s.write(Buffer.from(process.argv[2], "hex")));
-        let got = Buffer.alloc(0);
-        s.on("data", (d) => { got = Buffer.concat([got, d]); if (got.length >= 4 && got.length >= 4 + got.readUInt32BE(0)) { console.log(got.toString("hex")); s.destroy(); } });
-        s.on("error", (e) => { console.error(e.message); process.exit(1); });
-      `;
-      // Asynchronous: the server answering it runs in this very process.
-      const asNobody = async (frame: Uint8Array) => {
-        const { stdout } = await promisify(execFile)(NODE, ["-e", peer, socket, Buffer.from(frame).toString("hex")], { uid: 65534, gid: 65534, encoding: "utf8", timeout: 20_000 });
-        return new FrameDecoder().push(Buffer.from(stdout.trim(), "hex"))[0];
-      };
-      const refused = await asNobody(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+      const refused = await asNobody(socket, encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
       expect(refused).toMatchObject({ t: "error", status: 401 });
       expect(String(refused.message)).toMatch(/runs as uid 65534, not as this server's uid 0/);
-      expect((await asNobody(encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION, token: "s3cret-token-2" }))).t).toBe("welcome");
+      expect((await asNobody(socket, encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION, token: "s3cret-token-2" }))).t).toBe("welcome");
     } finally {
       await locked.close();
     }
   });
+
+  for (const runtime of ["node", "deno"] as const) {
+    it(`admits a peer by its Unix credentials on a ${runtime} server started from its entry file (the runtime's own SO_PEERCRED), and asks another user for the token`, async () => {
+      expect(process.getuid?.(), "this test runs as root, to start a peer as another user").toBe(0);
+      const socket = `/tmp/rackfeed-peer-${runtime}-${process.pid}-${Date.now()}.sock`;
+      const flags = ["serve", "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`, "--cache-dir", join(ws.dir, `c-peer-${runtime}`), "--shm-dir", join(ws.dir, `shm-peer-${runtime}`), "--shm-socket", socket, "--read-token", "s3cret-token-3"];
+      const child = runtime === "deno" ? await startChild(DENO, ["run", "-A", `${ROOT}src/main.ts`, ...flags]) : await startChild(NODE, [...NODE_TS, `${ROOT}src/main.node.ts`, ...flags]);
+      try {
+        // Without credentials every peer would need the token: this hello would be refused.
+        expect(await exchange([encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION })], 1, socket)).toMatchObject({ t: "welcome" });
+        chmodSync(socket, 0o666);
+        const refused = await asNobody(socket, encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+        expect(refused).toMatchObject({ t: "error", status: 401 });
+        expect(String(refused.message)).toMatch(/runs as uid 65534/);
+      } finally {
+        await child.stop();
+      }
+    }, 90_000);
+  }
 
   it("removes rings of dead servers and a stale socket at start-up, and refuses a socket a live server holds", async () => {
     const dir = join(ws.dir, "shm-restart");
@@ -1245,6 +1251,21 @@ describe("shared-memory fast path", () => {
   });
 });
 
+
+/** A peer as nobody (uid 65534): a plain node process that sends one frame and prints the first reply. */
+const PEER_SCRIPT = `
+  const net = require("node:net");
+  const s = net.connect(process.argv[1], () => s.write(Buffer.from(process.argv[2], "hex")));
+  let got = Buffer.alloc(0);
+  s.on("data", (d) => { got = Buffer.concat([got, d]); if (got.length >= 4 && got.length >= 4 + got.readUInt32BE(0)) { console.log(got.toString("hex")); s.destroy(); } });
+  s.on("error", (e) => { console.error(e.message); process.exit(1); });
+`;
+
+/** Sends `frame` on the socket from a process running as nobody; the first message back. Asynchronous: the server may run in this very process. */
+async function asNobody(socket: string, frame: Uint8Array): Promise<Record<string, unknown>> {
+  const { stdout } = await promisify(execFile)(NODE, ["-e", PEER_SCRIPT, socket, Buffer.from(frame).toString("hex")], { uid: 65534, gid: 65534, encoding: "utf8", timeout: 20_000 });
+  return new FrameDecoder().push(Buffer.from(stdout.trim(), "hex"))[0];
+}
 
 /** Sends frames on a fresh connection and returns the `n`th message back (1-based). */
 async function exchange(frames: Uint8Array[], n = 1, socket?: string): Promise<Record<string, unknown>> {
