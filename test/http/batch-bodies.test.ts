@@ -253,6 +253,39 @@ describe("reused HTTP batch bodies", () => {
     }
   });
 
+  it("holds a batch back while HTTP/2 streams that do not read hold the bodies in flight (one session), and serves it once they read", async () => {
+    const reg = await datasetFlags(ws, "pile", { sources: [{ prefix: "data/tok/pile" }], seq_length: 4096, seed: 3, split: "100,0,0", split_index: 0, num_samples: 16 * BIG });
+    const bounded = await startServer(ws, [...reg, "--cache-dir", join(ws.dir, "c-bound-h2"), "--max-batch-bytes", "17MiB", "--batch-inflight-bytes", "34MiB"]);
+    // The default 64 KiB stream window: flow control keeps each unread body in the server.
+    const session = http2.connect(bounded.url, { settings: { initialWindowSize: 65_535 } });
+    try {
+      const streams = [6, 7, 8].map((step) => {
+        const req = session.request({ ":path": batchPath(step, BIG) });
+        req.pause();
+        const chunks: Buffer[] = [];
+        const body = new Promise<Uint8Array>((resolve, reject) => {
+          req.on("data", (d: Buffer) => chunks.push(d));
+          req.on("end", () => resolve(new Uint8Array(Buffer.concat(chunks))));
+          req.on("error", reject);
+        });
+        req.end();
+        return { req, body };
+      });
+      await waitFor(async () => (await bounded.metric("rackfeed_batch_inflight_bytes")) === 2 * BIG_BYTES, "two bodies in flight");
+      await waitFor(async () => (await bounded.metric("rackfeed_batch_waiting")) === 1, "the third batch waiting");
+      await settle(300);
+      expect(await bounded.metric("rackfeed_batch_inflight_bytes")).toBe(2 * BIG_BYTES);
+      for (const s of streams) s.req.resume();
+      const bodies = await Promise.all(streams.map((s) => s.body));
+      for (const [i, step] of [6, 7, 8].entries()) expectSameBytes(bodies[i], await reference(step, BIG), `batch ${step} over h2`);
+      await waitFor(async () => (await bounded.metric("rackfeed_batch_inflight_bytes")) === 0, "nothing in flight at the end");
+      expect(await bounded.metric("rackfeed_batch_refused_total")).toBe(0);
+    } finally {
+      session.destroy();
+      await bounded.close();
+    }
+  });
+
   it("neither assembles nor keeps counting a batch whose client left while it waited: HTTP/1.1, HTTP/2 reset or session gone, pipelined", async () => {
     // Found in review: a response already over when its lease was registered never ended it, and
     // two such batches wedged a server bounded at two batches (every later one: 503 after 30 s).

@@ -447,6 +447,55 @@ Deno.test("bounds the cached blocks of HTTP/2 streams that stop reading, in one 
   }, { whenDone: whenDoneDeno, clientGone: clientGoneDeno, wrapBody: denoBody });
 });
 
+Deno.test("holds a batch back while HTTP/2 streams that do not read hold the bodies in flight (one session), and serves every one exact once they read", async () => {
+  const http2 = await import("node:http2");
+  const { syntheticDataset } = await import("../../helpers/token-data.ts");
+  const { idx, bin } = syntheticDataset(300, 500, 6000, 9);
+  const ADMIN = "deno-admin-token";
+  const BIG = 2048; // ~16 MiB: more than a stream window and the socket buffers hold
+  const bigBytes = BIG * 4097 * 2;
+  const path = (step: number) => `/v1/datasets/p/batches/${step}?rank=0&world=1&micro_batch=${BIG}`;
+  await withServer(["--admin-token", ADMIN, "--max-batch-bytes", "17MiB", "--batch-inflight-bytes", "34MiB"], async (url, dir) => {
+    await Deno.writeFile(`${dir}/origin/p.idx`, idx);
+    await Deno.writeFile(`${dir}/origin/p.bin`, bin);
+    const put = await fetch(`${url}/v1/datasets/p`, {
+      method: "PUT",
+      headers: { authorization: `Bearer ${ADMIN}` },
+      body: JSON.stringify({ sources: [{ prefix: "data/p" }], seq_length: 4096, seed: 2, split: "100,0,0", split_index: 0, num_samples: 16_000 }),
+    });
+    assert.equal(put.status, 201);
+    const want = new Map<number, Uint8Array>();
+    for (const step of [1, 2, 3]) want.set(step, new Uint8Array(await (await fetch(`${url}${path(step)}`)).arrayBuffer()));
+    const gauge = async (name: string) => Number(new RegExp(`^${name} (\\d+)$`, "m").exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+    const session = http2.connect(url, { settings: { initialWindowSize: 65_535 } });
+    session.on("error", () => {});
+    try {
+      const streams = [1, 2, 3].map((step) => {
+        const req = session.request({ ":path": path(step) });
+        req.pause(); // reads nothing: the stream's window closes, and the body stays in the server
+        const chunks: Uint8Array[] = [];
+        const body = new Promise<Uint8Array>((resolve, reject) => {
+          req.on("data", (c: Uint8Array) => chunks.push(c));
+          req.on("end", () => resolve(new Uint8Array(Buffer.concat(chunks))));
+          req.on("error", reject);
+        });
+        return { req, body };
+      });
+      await waitUntil(async () => (await gauge("rackfeed_batch_inflight_bytes")) === 2 * bigBytes, "two unread bodies in flight");
+      await waitUntil(async () => (await gauge("rackfeed_batch_waiting")) === 1, "the third batch to wait for room");
+      await new Promise((ok) => setTimeout(ok, 300));
+      assert.equal(await gauge("rackfeed_batch_inflight_bytes"), 2 * bigBytes, "a third body was assembled past the bound");
+      for (const s of streams) s.req.resume();
+      const bodies = await Promise.all(streams.map((s) => s.body));
+      for (const [i, step] of [1, 2, 3].entries()) assert.ok(Buffer.compare(bodies[i], want.get(step)!) === 0, `batch ${step} over h2 differs from its HTTP/1.1 body`);
+    } finally {
+      session.destroy();
+    }
+    await waitUntil(async () => (await gauge("rackfeed_batch_inflight_bytes")) === 0, "nothing in flight once read");
+    assert.equal(await gauge("rackfeed_batch_refused_total"), 0);
+  }, { whenDone: whenDoneDeno, clientGone: clientGoneDeno, wrapBody: denoBody });
+});
+
 Deno.test("sets TCP_NODELAY and TCP_USER_TIMEOUT on the connections Deno.serve accepts, over TLS too (small responses waited ~44 ms for a delayed ACK)", async () => {
   const { selfSignedCert } = await import("../../helpers/tls.ts");
   const { loadNativeTcp, TCP_NODELAY, TCP_USER_TIMEOUT } = await import("../../../src/runtime/native-tcp-deno.ts");
