@@ -19,10 +19,10 @@ afterEach(() => {
 
 /**
  * A stand-in shm server: greets, answers `open` with a ring of 4 slots whose slot 0 holds
- * `header` and bytes 7, 7, …, then announces step 0 in slot 0 (generation 1). Closes on the
- * client's close.
+ * `header` and bytes 7, 7, …, then announces step 0 in slot 0 (generation 1). `clientClosed`
+ * turns true once the client has closed its end; `close()` cuts any connection left.
  */
-async function standInServer(header: SlotHeader): Promise<{ socket: string; close: () => Promise<void> }> {
+async function standInServer(header: SlotHeader): Promise<{ socket: string; clientClosed: () => boolean; close: () => Promise<void> }> {
   const layout = ringLayout(4, BATCH_BYTES);
   const ring = new Uint8Array(layout.fileBytes);
   ring.set(encodeRingHeader(layout), 0);
@@ -31,9 +31,14 @@ async function standInServer(header: SlotHeader): Promise<{ socket: string; clos
   const ringPath = join(dir, "ring");
   writeFileSync(ringPath, ring);
   const socket = join(dir, "sock");
+  const accepted = new Set<net.Socket>();
+  let clientClosed = false;
   const server = net.createServer((s) => {
+    accepted.add(s);
     const dec = new FrameDecoder();
     s.on("error", () => {});
+    s.on("end", () => (clientClosed = true));
+    s.on("close", () => accepted.delete(s));
     s.on("data", (chunk) => {
       for (const m of dec.push(new Uint8Array(chunk))) {
         if (m.t === "hello") s.write(encodeFrame({ t: "welcome", version: SHM_PROTOCOL_VERSION, instance: "stand-in" }));
@@ -45,7 +50,15 @@ async function standInServer(header: SlotHeader): Promise<{ socket: string; clos
     });
   });
   await new Promise<void>((r) => server.listen(socket, r));
-  return { socket, close: () => new Promise<void>((r) => server.close(() => r())) };
+  return {
+    socket,
+    clientClosed: () => clientClosed,
+    close: () => {
+      // server.close() waits for every connection: a client that kept its own would hang the test.
+      for (const s of accepted) s.destroy();
+      return new Promise<void>((r) => server.close(() => r()));
+    },
+  };
 }
 
 /** The first batch a consumer of the stand-in reads, or the error it fails with. */
@@ -72,16 +85,23 @@ describe("shm consumer: slot headers", () => {
     }
   });
 
-  it("never reads a stale slot as new: a header of an older generation than the notice fails with STALE_SLOT", async () => {
-    // Slot 0 as a round before left it (step 4, generation 5) while the notice says generation 1.
-    const srv = await standInServer({ generation: 5, length: BATCH_BYTES, step: 4, firstSample: 4, cache: "hit" });
-    try {
-      const err = await firstBatch(srv.socket);
-      expect(err).toBeInstanceOf(ShmError);
-      expect((err as ShmError).code).toBe("STALE_SLOT");
-      expect((err as ShmError).message).toMatch(/Slot 0 holds generation 5 \(step 4\), expected 1 \(step 0\)/);
-    } finally {
-      await srv.close();
+  it("never reads a stale slot as new: a header of another generation than the notice fails with STALE_SLOT, and the consumer closes its connection", async () => {
+    // Zeroed (a kept ring handed to a new consumer before the server wrote this slot), or as an
+    // earlier consumer of the ring left it a round later (step 4, generation 5).
+    for (const [generation, step] of [[0, 0], [5, 4]]) {
+      const srv = await standInServer({ generation, length: BATCH_BYTES, step, firstSample: step, cache: "hit" });
+      try {
+        const err = await firstBatch(srv.socket);
+        expect(err).toBeInstanceOf(ShmError);
+        expect((err as ShmError).code).toBe("STALE_SLOT");
+        expect((err as ShmError).message).toContain(`Slot 0 holds generation ${generation} (step ${step}), expected 1 (step 0)`);
+        const until = Date.now() + 5000;
+        while (!srv.clientClosed() && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+        expect(srv.clientClosed(), "the consumer closed its control connection").toBe(true);
+      } finally {
+        await srv.close();
+      }
+      rmSync(join(dir, "sock"), { force: true });
     }
   });
 

@@ -258,6 +258,7 @@ describe("reused HTTP batch bodies", () => {
     const bounded = await startServer(ws, [...reg, "--cache-dir", join(ws.dir, "c-bound-h2"), "--max-batch-bytes", "17MiB", "--batch-inflight-bytes", "34MiB"]);
     // The default 64 KiB stream window: flow control keeps each unread body in the server.
     const session = http2.connect(bounded.url, { settings: { initialWindowSize: 65_535 } });
+    session.on("error", () => {}); // a failure surfaces in the streams' own promises
     try {
       const streams = [6, 7, 8].map((step) => {
         const req = session.request({ ":path": batchPath(step, BIG) });
@@ -268,6 +269,7 @@ describe("reused HTTP batch bodies", () => {
           req.on("end", () => resolve(new Uint8Array(Buffer.concat(chunks))));
           req.on("error", reject);
         });
+        body.catch(() => {}); // awaited below, after the waits: an error meanwhile is not unhandled
         req.end();
         return { req, body };
       });

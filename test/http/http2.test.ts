@@ -26,8 +26,8 @@ afterAll(async () => {
   await ws.remove();
 });
 
-/** GETs `path` over an HTTP/2 session; resolves with status, headers and body. */
-function h2get(session: http2.ClientHttp2Session, path: string, headers: Record<string, string> = {}, method = "GET", sent?: string) {
+/** A request (GET unless `method` says otherwise, with body `sent`) over an HTTP/2 session; resolves with status, headers and body. */
+function h2request(session: http2.ClientHttp2Session, path: string, headers: Record<string, string> = {}, method = "GET", sent?: string) {
   return new Promise<{ status: number; headers: http2.IncomingHttpHeaders; body: Buffer }>((resolve, reject) => {
     const req = session.request({ ":path": path, ":method": method, ...headers });
     const chunks: Buffer[] = [];
@@ -42,7 +42,7 @@ function h2get(session: http2.ClientHttp2Session, path: string, headers: Record<
 
 /** The same request with a body (`method` POST, PUT) over an HTTP/2 session. */
 function h2send(session: http2.ClientHttp2Session, method: string, path: string, sent: unknown, headers: Record<string, string> = {}) {
-  return h2get(session, path, { "content-type": "application/json", ...headers }, method, JSON.stringify(sent));
+  return h2request(session, path, { "content-type": "application/json", ...headers }, method, JSON.stringify(sent));
 }
 
 /** 64 concurrent range GETs of big.bin on one HTTP/2 session of `url`: each byte-exact, and their bytes counted as http2. */
@@ -50,12 +50,13 @@ async function expect64RangeStreams(url: string): Promise<void> {
   const served = async () => readMetric(await (await fetch(`${url}/metrics`)).text(), "rackfeed_served_bytes_total", { transport: "http2" });
   const before = await served();
   const session = http2.connect(url);
+  session.on("error", () => {}); // a failure surfaces in the streams' own promises
   try {
     const ranges = Array.from({ length: 64 }, (_, i) => {
       const start = (i * 48_611) % (SIZE - 70_000);
       return [start, start + 1 + ((i * 7919) % 65_000)] as const;
     });
-    const got = await Promise.all(ranges.map(([s, e]) => h2get(session, "/v1/objects/data/big.bin", { range: `bytes=${s}-${e - 1}` })));
+    const got = await Promise.all(ranges.map(([s, e]) => h2request(session, "/v1/objects/data/big.bin", { range: `bytes=${s}-${e - 1}` })));
     let total = 0;
     got.forEach((g, i) => {
       const [s, e] = ranges[i];
@@ -66,7 +67,8 @@ async function expect64RangeStreams(url: string): Promise<void> {
     });
     expect(await served()).toBe(before + total);
   } finally {
-    session.close();
+    // Not close(): after a failed check, streams still running would go on against the shared server.
+    session.destroy();
   }
 }
 
@@ -82,25 +84,25 @@ async function expectEveryRouteOverH2(session: http2.ClientHttp2Session, url: st
   expect((await h2send(session, "PUT", `/v1/datasets/${name}`, registration)).status).toBe(401); // no token
   const put = await h2send(session, "PUT", `/v1/datasets/${name}`, registration, auth);
   expect(put.status, put.body.toString()).toBe(201);
-  const list = JSON.parse((await h2get(session, "/v1/datasets")).body.toString());
+  const list = JSON.parse((await h2request(session, "/v1/datasets")).body.toString());
   expect(list.datasets).toContain(name);
   const batchPath = `/v1/datasets/${name}/batches/3?rank=0&world=1&micro_batch=4`;
-  const batch = await h2get(session, batchPath);
+  const batch = await h2request(session, batchPath);
   expect(batch.status).toBe(200);
   expect(batch.body.length).toBe(4 * 4097 * 2);
   expectSameBytes(new Uint8Array(batch.body), new Uint8Array(await (await fetch(`${url}${batchPath}`)).arrayBuffer()));
-  const waits = async () => readMetric((await h2get(session, "/metrics")).body.toString(), "rackfeed_t_wait_seconds_count", { dataset: name });
+  const waits = async () => readMetric((await h2request(session, "/metrics")).body.toString(), "rackfeed_t_wait_seconds_count", { dataset: name });
   const before = await waits();
   const report = { dataset: name, rank: 0, world: 1, micro_batch: 4, steps: [3, 4].map((step) => ({ step, t_wait: 0.001, t_h2d: 0.002, t_compute: 0.1 })) };
   expect((await h2send(session, "POST", "/v1/telemetry", report)).status).toBe(204);
   expect(await waits()).toBe(before + 2);
   const job = await h2send(session, "POST", "/prefetch", { objects: ["data/big.bin"] }, auth);
   expect(job.status, job.body.toString()).toBe(202);
-  const events = await h2get(session, `/prefetch/${JSON.parse(job.body.toString()).id}/events`, auth);
+  const events = await h2request(session, `/prefetch/${JSON.parse(job.body.toString()).id}/events`, auth);
   expect(events.headers["content-type"]).toMatch(/text\/event-stream/);
   expect(events.body.toString()).toMatch(/event: progress\ndata: \{.*"state":"done"/);
-  expect((await h2get(session, "/v1/objects/data/%2e%2e/x")).status).toBe(400);
-  const missing = await h2get(session, "/v1/datasets/no-such-dataset/batches/0?rank=0&world=1&micro_batch=4");
+  expect((await h2request(session, "/v1/objects/data/%2e%2e/x")).status).toBe(400);
+  const missing = await h2request(session, "/v1/datasets/no-such-dataset/batches/0?rank=0&world=1&micro_batch=4");
   expect(missing.status).toBe(404);
   expect(missing.body.toString()).toMatch(/no-such-dataset/);
   expect((await h2send(session, "POST", "/v1/telemetry", { dataset: name, steps: "none" })).status).toBe(400);
@@ -159,7 +161,7 @@ describe("HTTP/2 on Node", () => {
     try {
       const auth = { authorization: "Bearer sse-admin" };
       const job = await (await fetch(`${admin.url}/prefetch`, { method: "POST", headers: auth, body: JSON.stringify({ objects: ["data/big.bin"] }) })).json();
-      const res = await h2get(session, `/prefetch/${job.id}/events`, auth);
+      const res = await h2request(session, `/prefetch/${job.id}/events`, auth);
       expect(res.status).toBe(200);
       expect(res.headers["content-type"]).toMatch(/text\/event-stream/);
       expect(res.body.toString()).toMatch(/event: progress\ndata: \{.*"state":"done"/);
@@ -190,7 +192,7 @@ describe("HTTP/2 on Node", () => {
     try {
       const path = (step: number) => `/v1/datasets/big/batches/${step}?rank=0&world=1&micro_batch=300`;
       const want = await Promise.all(Array.from({ length: 8 }, async (_, i) => new Uint8Array(await (await fetch(`${server.url}${path(i)}`)).arrayBuffer())));
-      const got = await Promise.all(Array.from({ length: 8 }, (_, i) => h2get(session, path(i))));
+      const got = await Promise.all(Array.from({ length: 8 }, (_, i) => h2request(session, path(i))));
       for (const [i, g] of got.entries()) {
         expect(g.status).toBe(200);
         expect(g.body.length).toBe(300 * 4097 * 2);
@@ -219,7 +221,7 @@ describe("HTTP/2 on Node", () => {
       });
       expect(await Promise.all(unread.map((u) => u.status))).toEqual(Array(60).fill(200));
       await waitFor(async () => (await server.metric("rackfeed_batch_inflight_bytes")) >= 60 * 300 * 4097 * 2, "60 batches assembled and queued");
-      const health = await h2get(session, "/healthz");
+      const health = await h2request(session, "/healthz");
       expect(health.status).toBe(200);
       // Every queued batch still arrives whole once read.
       const sizes = await Promise.all(unread.map(({ req }) => new Promise<number>((resolve, reject) => {
@@ -290,7 +292,7 @@ describe("HTTP/2 on Node", () => {
       // Still serving whole bodies.
       const fresh = http2.connect(server.url);
       try {
-        expectSameBytes((await h2get(fresh, "/v1/objects/data/huge.bin")).body, big, "huge.bin");
+        expectSameBytes((await h2request(fresh, "/v1/objects/data/huge.bin")).body, big, "huge.bin");
       } finally {
         fresh.close();
       }
@@ -354,9 +356,9 @@ describe("HTTP/2 on Node", () => {
   it("serves every route over h2c (metrics, datasets list, errors)", async () => {
     const session = http2.connect(rf.url);
     try {
-      expect((await h2get(session, "/metrics")).body.toString()).toMatch(/rackfeed_cache_hits_total/);
-      expect(JSON.parse((await h2get(session, "/v1/datasets")).body.toString())).toEqual({ datasets: [] });
-      const bad = await h2get(session, "/v1/objects/data/%2e%2e/x");
+      expect((await h2request(session, "/metrics")).body.toString()).toMatch(/rackfeed_cache_hits_total/);
+      expect(JSON.parse((await h2request(session, "/v1/datasets")).body.toString())).toEqual({ datasets: [] });
+      const bad = await h2request(session, "/v1/objects/data/%2e%2e/x");
       expect(bad.status).toBe(400);
     } finally {
       session.close();
@@ -367,6 +369,7 @@ describe("HTTP/2 on Node", () => {
     await putTokenDataset("h2node", 7);
     const admin = await startServer(ws, ["--admin-token", "h2-admin", "--cache-dir", join(ws.dir, "c-routes")]);
     const session = http2.connect(admin.url);
+    session.on("error", () => {}); // a failure surfaces in the requests' own promises
     try {
       await expectEveryRouteOverH2(session, admin.url, "h2-admin", "h2node");
     } finally {
@@ -491,6 +494,7 @@ describe("HTTP/2 on Deno", () => {
 
   it("takes request bodies and serves batches, telemetry and event streams over h2c", async () => {
     const session = http2.connect(plain.url);
+    session.on("error", () => {}); // a failure surfaces in the requests' own promises
     try {
       await expectEveryRouteOverH2(session, plain.url, "h2-deno-admin", "h2deno");
     } finally {
