@@ -11,6 +11,7 @@ import type { Readable } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { expectSameBytes, makeWorkspace, type RunningServer, startServer, waitFor, type Workspace } from "../helpers/rackfeed.ts";
 import { datasetFlags, putSyntheticDataset } from "../helpers/token-data.ts";
+import { pausedStream } from "../helpers/h2-streams.ts";
 
 /** 2048 samples × 4097 uint16 tokens: ~16 MiB, more than loopback's socket buffers hold for a reader that stops. */
 const BIG = 2048;
@@ -260,19 +261,7 @@ describe("reused HTTP batch bodies", () => {
     const session = http2.connect(bounded.url, { settings: { initialWindowSize: 65_535 } });
     session.on("error", () => {}); // a failure surfaces in the streams' own promises
     try {
-      const streams = [6, 7, 8].map((step) => {
-        const req = session.request({ ":path": batchPath(step, BIG) });
-        req.pause();
-        const chunks: Buffer[] = [];
-        const body = new Promise<Uint8Array>((resolve, reject) => {
-          req.on("data", (d: Buffer) => chunks.push(d));
-          req.on("end", () => resolve(new Uint8Array(Buffer.concat(chunks))));
-          req.on("error", reject);
-        });
-        body.catch(() => {}); // awaited below, after the waits: an error meanwhile is not unhandled
-        req.end();
-        return { req, body };
-      });
+      const streams = [6, 7, 8].map((step) => pausedStream(session, batchPath(step, BIG)));
       await waitFor(async () => (await bounded.metric("rackfeed_batch_inflight_bytes")) === 2 * BIG_BYTES, "two bodies in flight");
       await waitFor(async () => (await bounded.metric("rackfeed_batch_waiting")) === 1, "the third batch waiting");
       await settle(300);

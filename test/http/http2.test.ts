@@ -78,7 +78,18 @@ async function expect64RangeStreams(url: string): Promise<void> {
  * datasets list, a token batch (the same bytes as over HTTP/1.1), telemetry (a POST body) that
  * reaches /metrics, a prefetch job (a POST body) and its event stream, and errors.
  */
-async function expectEveryRouteOverH2(session: http2.ClientHttp2Session, url: string, admin: string, name: string): Promise<void> {
+async function expectEveryRouteOverH2(url: string, admin: string, name: string): Promise<void> {
+  const session = http2.connect(url);
+  session.on("error", () => {}); // a failure surfaces in the requests' own promises
+  try {
+    await everyRoute(session, url, admin, name);
+  } finally {
+    session.destroy();
+  }
+}
+
+/** The checks of `expectEveryRouteOverH2`, on an open session. */
+async function everyRoute(session: http2.ClientHttp2Session, url: string, admin: string, name: string): Promise<void> {
   const auth = { authorization: `Bearer ${admin}` };
   const registration = { sources: [{ prefix: `data/tok/${name}` }], seq_length: 4096, seed: 1, split: "100,0,0", split_index: 0, num_samples: 64 };
   expect((await h2send(session, "PUT", `/v1/datasets/${name}`, registration)).status).toBe(401); // no token
@@ -368,12 +379,9 @@ describe("HTTP/2 on Node", () => {
   it("takes request bodies and serves batches, telemetry and event streams over h2c", async () => {
     await putTokenDataset("h2node", 7);
     const admin = await startServer(ws, ["--admin-token", "h2-admin", "--cache-dir", join(ws.dir, "c-routes")]);
-    const session = http2.connect(admin.url);
-    session.on("error", () => {}); // a failure surfaces in the requests' own promises
     try {
-      await expectEveryRouteOverH2(session, admin.url, "h2-admin", "h2node");
+      await expectEveryRouteOverH2(admin.url, "h2-admin", "h2node");
     } finally {
-      session.destroy();
       await admin.close();
     }
   });
@@ -493,13 +501,7 @@ describe("HTTP/2 on Deno", () => {
   });
 
   it("takes request bodies and serves batches, telemetry and event streams over h2c", async () => {
-    const session = http2.connect(plain.url);
-    session.on("error", () => {}); // a failure surfaces in the requests' own promises
-    try {
-      await expectEveryRouteOverH2(session, plain.url, "h2-deno-admin", "h2deno");
-    } finally {
-      session.destroy();
-    }
+    await expectEveryRouteOverH2(plain.url, "h2-deno-admin", "h2deno");
   });
 
   it("serves undici's HTTP/2 over TLS (allowH2), counted as http2", async () => {

@@ -939,14 +939,7 @@ describe("shared-memory fast path", () => {
       peers: { of: (s) => withFd(s, credentials!), uid: 0 },
     });
     try {
-      // Same user (root here): no token needed.
-      expect((await exchange([encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION })], 1, socket)).t).toBe("welcome");
-      // Another user: the socket's mode would keep it out; open it up to see the server's own check.
-      chmodSync(socket, 0o666);
-      const refused = await asNobody(socket, encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
-      expect(refused).toMatchObject({ t: "error", status: 401 });
-      expect(String(refused.message)).toMatch(/runs as uid 65534, not as this server's uid 0/);
-      expect((await asNobody(socket, encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION, token: "s3cret-token-2" }))).t).toBe("welcome");
+      await expectAdmittedByCredentials(socket, "s3cret-token-2");
     } finally {
       await locked.close();
     }
@@ -959,14 +952,7 @@ describe("shared-memory fast path", () => {
       const flags = ["serve", "--listen", "127.0.0.1:0", "--origin", `data=${ws.origin}`, "--cache-dir", join(ws.dir, `c-peer-${runtime}`), "--shm-dir", join(ws.dir, `shm-peer-${runtime}`), "--shm-socket", socket, "--read-token", "s3cret-token-3"];
       const child = runtime === "deno" ? await startChild(DENO, ["run", "-A", `${ROOT}src/main.ts`, ...flags]) : await startChild(NODE, [...NODE_TS, `${ROOT}src/main.node.ts`, ...flags]);
       try {
-        // Without credentials every peer would need the token: this hello would be refused.
-        expect(await exchange([encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION })], 1, socket)).toMatchObject({ t: "welcome" });
-        chmodSync(socket, 0o666);
-        const refused = await asNobody(socket, encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
-        expect(refused).toMatchObject({ t: "error", status: 401 });
-        // The server's own uid as its entry file found it (uid 0 would be admitted by any server).
-        expect(String(refused.message)).toMatch(/runs as uid 65534, not as this server's uid 0/);
-        expect((await asNobody(socket, encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION, token: "s3cret-token-3" }))).t).toBe("welcome");
+        await expectAdmittedByCredentials(socket, "s3cret-token-3");
       } finally {
         await child.stop();
         rmSync(socket, { force: true }); // left behind where stop() had to kill the server
@@ -1268,6 +1254,23 @@ const PEER_SCRIPT = `
 async function asNobody(socket: string, frame: Uint8Array): Promise<Record<string, unknown>> {
   const { stdout } = await promisify(execFile)(NODE, ["-e", PEER_SCRIPT, socket, Buffer.from(frame).toString("hex")], { uid: 65534, gid: 65534, encoding: "utf8", timeout: 20_000 });
   return new FrameDecoder().push(Buffer.from(stdout.trim(), "hex"))[0];
+}
+
+/**
+ * The peer check of a server (running as root) with read token `token` on shm socket `socket`:
+ * a hello from this process (root) without the token is welcomed, one from nobody is refused
+ * naming both uids, and nobody with the token is welcomed. Opens the socket's mode to everyone.
+ */
+async function expectAdmittedByCredentials(socket: string, token: string): Promise<void> {
+  // Without credentials every peer would need the token: this hello would be refused.
+  expect(await exchange([encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION })], 1, socket)).toMatchObject({ t: "welcome" });
+  // Another user: the socket's mode would keep it out; open it up to see the server's own check.
+  chmodSync(socket, 0o666);
+  const refused = await asNobody(socket, encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION }));
+  expect(refused).toMatchObject({ t: "error", status: 401 });
+  // The server's own uid as it found it (uid 0 would be admitted by a server told any uid).
+  expect(String(refused.message)).toMatch(/runs as uid 65534, not as this server's uid 0/);
+  expect((await asNobody(socket, encodeFrame({ t: "hello", version: SHM_PROTOCOL_VERSION, token }))).t).toBe("welcome");
 }
 
 /** Sends frames on a fresh connection and returns the `n`th message back (1-based). */

@@ -7,6 +7,7 @@ import { loadConfig } from "../../../src/config/load.ts";
 import { clientGoneDeno, denoBody, listenDeno, oneChunkStream, whenDoneDeno } from "../../../src/runtime/deno.ts";
 import { createServer, type ServerEnv } from "../../../src/server.ts";
 import type { ListenLimits } from "../../../src/runtime/listener.ts";
+import { pausedStream } from "../../helpers/h2-streams.ts";
 
 async function waitUntil(cond: () => Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
   const t0 = Date.now();
@@ -227,26 +228,38 @@ Deno.test("the SDK's createClient gives up an HTTP/2 connection that went silent
   }, {}, tls);
 });
 
-Deno.test("holds HTTP batch bodies in flight until Deno has completed their responses and never reuses one; concurrent slow and fast readers get exact bytes", async () => {
+/** Admin token of the servers that `registerBatchDataset` registers a dataset with. */
+const BATCH_ADMIN = "deno-admin-token";
+
+/**
+ * Writes token dataset `p` (300 synthetic documents, seed 9) to the origin of the server at `url`
+ * (directory `dir`) and registers it, 16 000 samples, with admin token `BATCH_ADMIN`.
+ */
+async function registerBatchDataset(url: string, dir: string): Promise<void> {
   const { syntheticDataset } = await import("../../helpers/token-data.ts");
   const { idx, bin } = syntheticDataset(300, 500, 6000, 9);
-  const ADMIN = "deno-admin-token";
-  const register = async (url: string, dir: string) => {
-    await Deno.writeFile(`${dir}/origin/p.idx`, idx);
-    await Deno.writeFile(`${dir}/origin/p.bin`, bin);
-    const put = await fetch(`${url}/v1/datasets/p`, {
-      method: "PUT",
-      headers: { authorization: `Bearer ${ADMIN}` },
-      body: JSON.stringify({ sources: [{ prefix: "data/p" }], seq_length: 4096, seed: 2, split: "100,0,0", split_index: 0, num_samples: 16_000 }),
-    });
-    assert.equal(put.status, 201);
-  };
+  await Deno.writeFile(`${dir}/origin/p.idx`, idx);
+  await Deno.writeFile(`${dir}/origin/p.bin`, bin);
+  const put = await fetch(`${url}/v1/datasets/p`, {
+    method: "PUT",
+    headers: { authorization: `Bearer ${BATCH_ADMIN}` },
+    body: JSON.stringify({ sources: [{ prefix: "data/p" }], seq_length: 4096, seed: 2, split: "100,0,0", split_index: 0, num_samples: 16_000 }),
+  });
+  assert.equal(put.status, 201);
+}
+
+/** The value of an unlabelled metric of the server at `url`; -1 when it is not there. */
+async function gaugeOf(url: string, name: string): Promise<number> {
+  return Number(new RegExp(`^${name} (\\d+)$`, "m").exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+}
+
+Deno.test("holds HTTP batch bodies in flight until Deno has completed their responses and never reuses one; concurrent slow and fast readers get exact bytes", async () => {
   const path = (step: number, mb: number) => `/v1/datasets/p/batches/${step}?rank=0&world=1&micro_batch=${mb}`;
   const jobs = Array.from({ length: 60 }, (_, i) => ({ step: (i * 5) % 11, mb: [8, 24, 300][i % 3], slow: i % 4 === 0 }));
   const want = new Map<string, Uint8Array>();
   const BIG = 2048; // ~16 MiB: more than the socket buffers hold for a reader that stops
-  await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "0"], async (url, dir) => {
-    await register(url, dir);
+  await withServer(["--admin-token", BATCH_ADMIN, "--batch-pool-bytes", "0"], async (url, dir) => {
+    await registerBatchDataset(url, dir);
     for (const j of [...jobs, { step: 1, mb: BIG }, { step: 2, mb: BIG }]) {
       const k = `${j.step}/${j.mb}`;
       if (want.has(k)) continue;
@@ -262,9 +275,9 @@ Deno.test("holds HTTP batch bodies in flight until Deno has completed their resp
   // it, outside the bound: the next big batch must wait instead of being assembled).
   // Its waiters are served in order; one whose client left is skipped.
   const bigBytes = BIG * 4097 * 2;
-  await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB", "--max-batch-bytes", "24MiB", "--batch-inflight-bytes", "24MiB"], async (url, dir) => {
-    await register(url, dir);
-    const gauge = async (name: string) => Number(new RegExp(`^${name} (\\d+)$`, "m").exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+  await withServer(["--admin-token", BATCH_ADMIN, "--batch-pool-bytes", "64MiB", "--max-batch-bytes", "24MiB", "--batch-inflight-bytes", "24MiB"], async (url, dir) => {
+    await registerBatchDataset(url, dir);
+    const gauge = (name: string) => gaugeOf(url, name);
     const { port } = new URL(url);
     const conn = await Deno.connect({ hostname: "127.0.0.1", port: Number(port) });
     let read = false;
@@ -310,8 +323,8 @@ Deno.test("holds HTTP batch bodies in flight until Deno has completed their resp
     assert.equal(await gauge("rackfeed_batch_body_pool_bytes"), 0);
     assert.equal(await gauge("rackfeed_batch_abandoned_total"), 1, "the leaver's batch was assembled although its client had left");
   }, { whenDone: whenDoneDeno, clientGone: clientGoneDeno, wrapBody: denoBody });
-  await withServer(["--admin-token", ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
-    await register(url, dir);
+  await withServer(["--admin-token", BATCH_ADMIN, "--batch-pool-bytes", "64MiB"], async (url, dir) => {
+    await registerBatchDataset(url, dir);
     const read = async (j: (typeof jobs)[number]) => {
       const res = await fetch(`${url}${path(j.step, j.mb)}`);
       assert.equal(res.status, 200);
@@ -360,7 +373,7 @@ Deno.test("bounds the cached blocks that stalled object readers hold; a reader p
   });
   await withServer(["--block-bytes", "1MiB", "--part-bytes", "1MiB", "--memory-bytes", "256MiB", "--object-inflight-bytes", "2MiB"], async (url, dir) => {
     for (let i = 0; i < objects.length; i++) await Deno.writeFile(`${dir}/origin/big${i}.bin`, objects[i]);
-    const gauge = async (name: string) => Number(new RegExp(`^${name} (\\d+)$`, "m").exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+    const gauge = (name: string) => gaugeOf(url, name);
     const { port } = new URL(url);
     const stalled = await Promise.all([0, 1].map(async (i) => {
       const conn = await Deno.connect({ hostname: "127.0.0.1", port: Number(port) });
@@ -390,7 +403,7 @@ Deno.test("gives back the block of an object reader that stopped reading once th
   const object = pattern(24 * MiB);
   await withServer(["--block-bytes", "1MiB", "--part-bytes", "1MiB", "--memory-bytes", "256MiB", "--object-inflight-bytes", "2MiB"], async (url, dir) => {
     await Deno.writeFile(`${dir}/origin/big.bin`, object);
-    const gauge = async (name: string) => Number(new RegExp(`^${name} (\\d+)$`, "m").exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+    const gauge = (name: string) => gaugeOf(url, name);
     const conn = await Deno.connect({ hostname: "127.0.0.1", port: Number(new URL(url).port) });
     try {
       await conn.write(new TextEncoder().encode("GET /v1/objects/data/big.bin HTTP/1.1\r\nHost: x\r\n\r\n"));
@@ -416,7 +429,7 @@ Deno.test("bounds the cached blocks of HTTP/2 streams that stop reading, in one 
   });
   await withServer(["--block-bytes", "1MiB", "--part-bytes", "1MiB", "--memory-bytes", "256MiB", "--object-inflight-bytes", "2MiB"], async (url, dir) => {
     for (let i = 0; i < objects.length; i++) await Deno.writeFile(`${dir}/origin/big${i}.bin`, objects[i]);
-    const gauge = async (name: string) => Number(new RegExp(`^${name} (\\d+)$`, "m").exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+    const gauge = (name: string) => gaugeOf(url, name);
     const session = http2.connect(url);
     try {
       const stalled = [0, 1].map((i) => {
@@ -449,39 +462,18 @@ Deno.test("bounds the cached blocks of HTTP/2 streams that stop reading, in one 
 
 Deno.test("holds a batch back while HTTP/2 streams that do not read hold the bodies in flight (one session), and serves every one exact once they read", async () => {
   const http2 = await import("node:http2");
-  const { syntheticDataset } = await import("../../helpers/token-data.ts");
-  const { idx, bin } = syntheticDataset(300, 500, 6000, 9);
-  const ADMIN = "deno-admin-token";
   const BIG = 2048; // ~16 MiB: more than a stream window and the socket buffers hold
   const bigBytes = BIG * 4097 * 2;
   const path = (step: number) => `/v1/datasets/p/batches/${step}?rank=0&world=1&micro_batch=${BIG}`;
-  await withServer(["--admin-token", ADMIN, "--max-batch-bytes", "17MiB", "--batch-inflight-bytes", "34MiB"], async (url, dir) => {
-    await Deno.writeFile(`${dir}/origin/p.idx`, idx);
-    await Deno.writeFile(`${dir}/origin/p.bin`, bin);
-    const put = await fetch(`${url}/v1/datasets/p`, {
-      method: "PUT",
-      headers: { authorization: `Bearer ${ADMIN}` },
-      body: JSON.stringify({ sources: [{ prefix: "data/p" }], seq_length: 4096, seed: 2, split: "100,0,0", split_index: 0, num_samples: 16_000 }),
-    });
-    assert.equal(put.status, 201);
+  await withServer(["--admin-token", BATCH_ADMIN, "--max-batch-bytes", "17MiB", "--batch-inflight-bytes", "34MiB"], async (url, dir) => {
+    await registerBatchDataset(url, dir);
     const want = new Map<number, Uint8Array>();
     for (const step of [1, 2, 3]) want.set(step, new Uint8Array(await (await fetch(`${url}${path(step)}`)).arrayBuffer()));
-    const gauge = async (name: string) => Number(new RegExp(`^${name} (\\d+)$`, "m").exec(await (await fetch(`${url}/metrics`)).text())?.[1] ?? -1);
+    const gauge = (name: string) => gaugeOf(url, name);
     const session = http2.connect(url, { settings: { initialWindowSize: 65_535 } });
     session.on("error", () => {});
     try {
-      const streams = [1, 2, 3].map((step) => {
-        const req = session.request({ ":path": path(step) });
-        req.pause(); // reads nothing: the stream's window closes, and the body stays in the server
-        const chunks: Uint8Array[] = [];
-        const body = new Promise<Uint8Array>((resolve, reject) => {
-          req.on("data", (c: Uint8Array) => chunks.push(c));
-          req.on("end", () => resolve(new Uint8Array(Buffer.concat(chunks))));
-          req.on("error", reject);
-        });
-        body.catch(() => {}); // awaited below, after the waits: an error meanwhile is not unhandled
-        return { req, body };
-      });
+      const streams = [1, 2, 3].map((step) => pausedStream(session, path(step)));
       await waitUntil(async () => (await gauge("rackfeed_batch_inflight_bytes")) === 2 * bigBytes, "two unread bodies in flight");
       await waitUntil(async () => (await gauge("rackfeed_batch_waiting")) === 1, "the third batch to wait for room");
       await new Promise((ok) => setTimeout(ok, 300));
